@@ -1,0 +1,80 @@
+"""In-memory state of one file in the cache: its chunks and what is committed in S3."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import trio
+
+
+class ChunkState(enum.Enum):
+    """Life of a chunk; a chunk missing from `CachedFile.chunks` is ABSENT (not cached).
+
+    CLEAN     cached bytes equal the committed object (or a hole past its end)
+    DIRTY     cached bytes are in no part yet (journal: 'dirty')
+    UPLOADING an UploadPart of it is in flight (journal still: 'dirty')
+    UPLOADED  part idx+1 of the open upload holds it (journal: 'uploaded', etag)
+    """
+
+    CLEAN = "clean"
+    DIRTY = "dirty"
+    UPLOADING = "uploading"
+    UPLOADED = "uploaded"
+
+
+PENDING_STATES = (ChunkState.DIRTY, ChunkState.UPLOADING, ChunkState.UPLOADED)
+
+
+@dataclass
+class Chunk:
+    state: ChunkState
+    gen: int = 0  # bumped by every write; an upload counts only if gen did not move
+    etag: str | None = None
+    length: int = 0  # bytes the uploaded part holds
+    settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
+
+
+@dataclass(eq=False)
+class CachedFile:
+    """One regular file (or symlink) with cached or pending content."""
+
+    key: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    fid: int | None = None  # journal id; also names the cache file
+    fd: int | None = None
+    base_key: str | None = None  # committed object the clean bytes come from
+    base_size: int = 0
+    base_etag: str | None = None
+    upload_id: str | None = None
+    upload_key: str | None = None
+    symlink: str | None = None
+    chunks: dict[int, Chunk] = field(default_factory=dict)
+    fetching: dict[int, trio.Event] = field(default_factory=dict)
+    intent_pending: dict[int, trio.Event] = field(default_factory=dict)
+    in_journal: bool = False
+    version: int = 0  # bumped by every change of content, size or attributes
+    committed_version: int = -1
+    writers: int = 0  # open handles that may write
+    openers: int = 0
+    unlinked: bool = False
+    commit_lock: trio.Lock = field(default_factory=trio.Lock)
+    upload_lock: trio.Lock = field(default_factory=trio.Lock)
+    error_streak: int = 0
+    last_error: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True while something of this file is not committed in S3."""
+        return self.in_journal
+
+    def state(self, idx: int) -> ChunkState | None:
+        ch = self.chunks.get(idx)
+        return None if ch is None else ch.state
+
+    def dirty_chunk_count(self) -> int:
+        return sum(1 for c in self.chunks.values() if c.state in PENDING_STATES)

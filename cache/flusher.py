@@ -1,0 +1,358 @@
+"""The flusher: streams full chunks as parts while files are written, commits closed files.
+
+Small files go up with one PutObject; larger ones are multipart uploads whose parts
+follow the fixed chunk mapping, so a chunk written again is simply uploaded again.
+Unchanged ranges of an object that existed before are copied server-side
+(UploadPartCopy). Every S3 call is retried with backoff; dirty data is never dropped.
+Memory is bounded: at most `concurrency` chunk buffers exist at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, ChunkState
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.layout import META_SYMLINK, encode_attrs
+from lakefs_mount.objectstore import NoSuchUpload
+
+log = logging.getLogger(__name__)
+
+ERRORS_BEFORE_FLUSH_FAILS = 5
+
+
+class FlushFailed(Exception):
+    pass
+
+
+@dataclass
+class FlushProgress:
+    files_left: int
+    bytes_left: int
+    last_error: str | None
+
+
+class Flusher:
+    def __init__(self, cache: CacheManager, concurrency: int) -> None:
+        self.cache = cache
+        self.store = cache.store
+        self.journal = cache.journal
+        self.parts = cache.parts
+        self.metrics = cache.metrics
+        self._slots = trio.Semaphore(concurrency)
+        self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
+        self._part_queue: set[tuple[CachedFile, int]] = set()
+        self._committing: set[CachedFile] = set()
+        self._commit_wanted: set[CachedFile] = set()
+        self._wake = trio.Event()
+        self._changed = trio.Event()
+        self.in_flight = 0
+        self._nursery: trio.Nursery | None = None
+        cache.on_chunk_full = self.schedule_part
+        cache.on_pressure = self._drain_all_full_chunks
+        cache.uploads_busy = lambda: self.in_flight > 0 or bool(self._part_queue)
+
+    # -- scheduling -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                for cf, idx in list(self._part_queue):
+                    self._part_queue.discard((cf, idx))
+                    nursery.start_soon(self._stream_part, cf, idx)
+                for cf in list(self._commit_wanted):
+                    if cf not in self._committing:
+                        self._commit_wanted.discard(cf)
+                        self._committing.add(cf)
+                        nursery.start_soon(self._commit_task, cf)
+
+    def schedule_part(self, cf: CachedFile, idx: int) -> None:
+        """A full chunk of a file still being written: upload it now."""
+        self._part_queue.add((cf, idx))
+        self._wake.set()
+
+    def request_commit(self, cf: CachedFile) -> None:
+        if cf.pending and not cf.unlinked:
+            self._commit_wanted.add(cf)
+            self._wake.set()
+
+    def _drain_all_full_chunks(self) -> None:
+        for cf in list(self.cache.files.values()):
+            for idx, ch in cf.chunks.items():
+                if ch.state is ChunkState.DIRTY and self.parts.chunk_range(idx)[1] <= cf.size:
+                    self._part_queue.add((cf, idx))
+        self._wake.set()
+
+    def _progress_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- flush ------------------------------------------------------------------------
+
+    async def flush(self, files: list[CachedFile], report: object = None,
+                    on_progress: object = None) -> None:
+        """Return once every file has committed the version it had at the call."""
+        targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
+        for cf, _ in targets:
+            self.request_commit(cf)
+        while True:
+            left = [(cf, v) for cf, v in targets
+                    if cf.committed_version < v and not cf.unlinked and cf.pending]
+            if not left:
+                return
+            failing = [cf for cf, _ in left if cf.error_streak >= ERRORS_BEFORE_FLUSH_FAILS]
+            if failing:
+                raise FlushFailed(
+                    f"S3 keeps failing for {failing[0].key}: {failing[0].last_error}; "
+                    f"{len(left)} file(s) not yet committed (the daemon keeps retrying)")
+            if callable(on_progress):
+                await on_progress(self.progress([cf for cf, _ in left]))
+            with trio.move_on_after(1.0):
+                await self._changed.wait()
+            for cf, _ in left:
+                self.request_commit(cf)
+
+    def progress(self, files: list[CachedFile]) -> FlushProgress:
+        bytes_left = sum(
+            self.parts.chunk_range(i)[1] - self.parts.chunk_range(i)[0]
+            for cf in files for i, c in cf.chunks.items() if c.state is not ChunkState.CLEAN)
+        errors = [cf.last_error for cf in files if cf.error_streak]
+        return FlushProgress(len(files), bytes_left, errors[0] if errors else None)
+
+    # -- S3 calls with error bookkeeping ---------------------------------------------
+
+    async def _s3(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
+        def on_error(exc: Exception) -> None:
+            cf.error_streak += 1
+            cf.last_error = str(exc)
+            self._progress_changed()
+
+        result = await self.store.retrying(what, fn, *args, on_error=on_error)  # type: ignore[arg-type]
+        cf.error_streak = 0
+        cf.last_error = None
+        return result
+
+    def _metadata(self, cf: CachedFile) -> dict[str, str]:
+        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns)
+        if cf.symlink is not None:
+            meta[META_SYMLINK] = "1"
+        return meta
+
+    async def _ensure_upload(self, cf: CachedFile) -> tuple[str, str]:
+        async with cf.upload_lock:
+            if cf.upload_id is None or cf.upload_key is None:
+                key = cf.key
+                upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
+                                           self.store.sync.create_multipart, key,
+                                           self._metadata(cf))
+                assert isinstance(upload_id, str) and cf.fid is not None
+                cf.upload_id, cf.upload_key = upload_id, key
+                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key)
+            return cf.upload_key, cf.upload_id
+
+    async def _forget_upload(self, cf: CachedFile) -> None:
+        """The upload vanished (aborted elsewhere, expired): its parts go up again."""
+        log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
+        if cf.upload_id is not None:
+            await self.journal(self.journal.sync.end_upload, cf.upload_id)
+        cf.upload_id = cf.upload_key = None
+        for ch in cf.chunks.values():
+            if ch.state is ChunkState.UPLOADED:
+                ch.state, ch.etag = ChunkState.DIRTY, None
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.forget_uploads, cf.fid)
+
+    # -- parts ------------------------------------------------------------------------
+
+    async def _stream_part(self, cf: CachedFile, idx: int) -> None:
+        try:
+            await self._upload_chunk(cf, idx)
+        except NoSuchUpload:
+            await self._forget_upload(cf)
+
+    async def _upload_chunk(self, cf: CachedFile, idx: int) -> None:
+        """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile."""
+        ch = cf.chunks.get(idx)
+        if ch is None or ch.state is not ChunkState.DIRTY or cf.unlinked:
+            return
+        start, end = self.parts.chunk_range(idx)
+        end = min(end, cf.size)
+        if end <= start:
+            return
+        ch.state, ch.settled = ChunkState.UPLOADING, trio.Event()
+        gen = ch.gen
+        try:
+            async with self._slots:
+                self.in_flight += 1
+                try:
+                    key, upload_id = await self._ensure_upload(cf)
+                    data = await self.cache.read_chunk_for_upload(cf, start, end)
+                    etag = await self._s3(cf, f"UploadPart {key} #{idx + 1}",
+                                          self.store.sync.upload_part, key, upload_id, idx + 1,
+                                          data)
+                    del data
+                finally:
+                    self.in_flight -= 1
+        except BaseException:
+            if ch.state is ChunkState.UPLOADING:
+                ch.state = ChunkState.DIRTY
+            ch.settled.set()
+            raise
+        self.metrics[m.PARTS_UPLOADED] += 1
+        self.metrics[m.BYTES_UPLOADED] += end - start
+        if ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch:
+            ch.state, ch.etag, ch.length = ChunkState.UPLOADED, str(etag), end - start
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
+        elif ch.state is ChunkState.UPLOADING:
+            ch.state = ChunkState.DIRTY  # written during the upload: goes up again
+        ch.settled.set()
+        self._progress_changed()
+
+    async def _part_for_commit(self, cf: CachedFile, idx: int, size: int,
+                               key: str, upload_id: str) -> tuple[int, str]:
+        """The ETag of part idx+1 holding bytes of chunk idx up to `size`."""
+        start, end = self.parts.chunk_range(idx)
+        end = min(end, size)
+        while True:
+            ch = cf.chunks.get(idx)
+            if ch is not None and ch.state is ChunkState.UPLOADING and ch.settled is not None:
+                await ch.settled.wait()
+                continue
+            if ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start:
+                assert ch.etag is not None
+                return idx + 1, ch.etag
+            in_base = cf.base_key is not None and end <= cf.base_size
+            if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
+                assert cf.base_key is not None
+                async with self._slots:
+                    etag = await self._s3(cf, f"UploadPartCopy {key} #{idx + 1}",
+                                          self.store.sync.upload_part_copy, key, upload_id,
+                                          idx + 1, cf.base_key, start, end)
+                self.metrics[m.PARTS_COPIED] += 1
+                return idx + 1, str(etag)
+            if ch is None or ch.state is ChunkState.CLEAN or (
+                    ch.state is ChunkState.UPLOADED and ch.length != end - start):
+                # A hole or a part of another length: its cached bytes go up as they are.
+                await self.cache._mark_dirty(cf, [idx], None)
+            await self._upload_chunk(cf, idx)
+
+    # -- commits ----------------------------------------------------------------------
+
+    async def _commit_task(self, cf: CachedFile) -> None:
+        try:
+            async with self._commit_limiter, cf.commit_lock:
+                while True:
+                    try:
+                        await self._commit(cf)
+                        break
+                    except NoSuchUpload:
+                        await self._forget_upload(cf)
+        finally:
+            self._committing.discard(cf)
+            self._progress_changed()
+        if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
+            self.request_commit(cf)
+
+    async def _commit(self, cf: CachedFile) -> None:
+        if not cf.pending or cf.unlinked:
+            return
+        version, size = cf.version, cf.size
+        meta = self._metadata(cf)
+        nchunks = self.parts.chunk_count(size)
+        started = time.monotonic()
+        pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
+        attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size
+                      and cf.upload_id is None and cf.symlink is None)
+        if cf.symlink is not None:
+            body = cf.symlink.encode()
+            etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
+                                  cf.key, body, meta)
+            self.metrics[m.OBJECTS_PUT] += 1
+            committed: list[int] = []
+        elif attrs_only and size > 0:
+            etag = await self._s3(cf, f"CopyObject {cf.key}", self.store.sync.copy,
+                                  cf.key, cf.key, meta)
+            self.metrics[m.SERVER_SIDE_COPIES] += 1
+            committed = []
+        elif nchunks <= 1:
+            if cf.upload_id is not None:
+                await self._abort_upload(cf)
+            sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
+            async with self._slots:
+                body = await self.cache.read(cf, 0, size)
+                etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
+                                      cf.key, body, meta)
+                del body
+            self.metrics[m.OBJECTS_PUT] += 1
+            self.metrics[m.BYTES_UPLOADED] += size
+            committed = []
+            for i, (ch, gen) in sent.items():
+                if cf.chunks.get(i) is ch and ch.gen == gen and ch.state is ChunkState.DIRTY:
+                    ch.state = ChunkState.UPLOADED  # in the object now; made clean below
+                    committed.append(i)
+        else:
+            key, upload_id = await self._ensure_upload(cf)
+            results: dict[int, str] = {}
+
+            async def one(idx: int) -> None:
+                number, etag = await self._part_for_commit(cf, idx, size, key, upload_id)
+                results[number] = etag
+
+            async with trio.open_nursery() as nursery:
+                for idx in range(nchunks):
+                    nursery.start_soon(one, idx)
+            parts = sorted(results.items())
+            etag = await self._s3(cf, f"CompleteMultipartUpload {key}",
+                                  self.store.sync.complete_multipart, key, upload_id, parts)
+            self.metrics[m.UPLOADS_COMPLETED] += 1
+            await self.journal(self.journal.sync.end_upload, upload_id)
+            cf.upload_id = cf.upload_key = None
+            if key != cf.key:  # renamed while its upload was open
+                etag = await self._s3(cf, f"CopyObject {key}", self.store.sync.copy,
+                                      key, cf.key, None)
+                self.metrics[m.SERVER_SIDE_COPIES] += 1
+                await self._s3(cf, f"DeleteObject {key}", self.store.sync.delete, key)
+            committed = [i for i in range(nchunks)]
+        for i in committed:
+            self.cache.chunk_committed(cf, i)
+        for i in [i for i, c in cf.chunks.items() if c.state is ChunkState.UPLOADED]:
+            cf.chunks[i].state = ChunkState.DIRTY  # parts of an upload that no longer exists
+        cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
+        keep = cf.version != version or any(
+            c.state in PENDING_STATES for c in cf.chunks.values())
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
+                           cf.key, size)
+        cf.in_journal = keep
+        cf.committed_version = version
+        self.metrics[m.FILES_COMMITTED] += 1
+        log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
+
+    async def _abort_upload(self, cf: CachedFile) -> None:
+        assert cf.upload_id is not None and cf.upload_key is not None
+        await self._s3(cf, f"AbortMultipartUpload {cf.upload_key}",
+                       self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
+        await self.journal(self.journal.sync.end_upload, cf.upload_id)
+        cf.upload_id = cf.upload_key = None
+        for ch in cf.chunks.values():
+            if ch.state is ChunkState.UPLOADED:
+                ch.state, ch.etag = ChunkState.DIRTY, None
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.forget_uploads, cf.fid)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "uploads_in_flight": self.in_flight,
+            "files_committing": len(self._committing),
+            "parts_queued": len(self._part_queue),
+        }

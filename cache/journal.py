@@ -1,0 +1,246 @@
+"""The SQLite journal (WAL): what must still reach S3, written before data is acknowledged.
+
+Schema and sentinels (see docs/durability.md for the crash table):
+
+files      one row per file whose content or attributes are not yet committed in S3.
+  fid          stable id; the cache file is `<cache_dir>/data/<fid>`
+  key          S3 key the file commits to (a rename updates it)
+  size         logical file size
+  mode/uid/gid/mtime_ns  attributes to write as object metadata
+  base_key     object that unchanged chunks are copied from server-side;
+               NULL = the file has no committed predecessor (every byte is in the cache)
+  base_size    size of base_key's object; ignored when base_key IS NULL
+  upload_id    open multipart upload; NULL = none started
+  upload_key   key that upload_id was created for; differs from key after a rename
+  symlink      NULL = regular file; else the link target (body of the object)
+chunks     one row per chunk that is not clean.
+  state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
+  state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
+uploads    every multipart upload this journal created and has not yet completed or
+           aborted; one that no files row references is an orphan and is aborted at mount.
+meta       name/value pairs: next_fid, bucket, prefix, part_size.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import sqlite_utils
+import trio
+
+T = TypeVar("T")
+
+CHUNK_DIRTY = "dirty"
+CHUNK_UPLOADED = "uploaded"
+
+
+@dataclass
+class PendingFile:
+    fid: int
+    key: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    base_key: str | None = None
+    base_size: int = 0
+    upload_id: str | None = None
+    upload_key: str | None = None
+    symlink: str | None = None
+
+
+def _migrate_v1(db: sqlite_utils.Database) -> None:
+    db["meta"].create({"name": str, "value": str}, pk="name")
+    db["files"].create(
+        {
+            "fid": int, "key": str, "size": int, "mode": int, "uid": int, "gid": int,
+            "mtime_ns": int, "base_key": str, "base_size": int, "upload_id": str,
+            "upload_key": str, "symlink": str,
+        },
+        pk="fid",
+        not_null={"key", "size", "mode", "uid", "gid", "mtime_ns"},
+        defaults={"base_size": 0},
+    )
+    db["chunks"].create(
+        {"fid": int, "idx": int, "state": str, "etag": str},
+        pk=("fid", "idx"),
+        not_null={"state"},
+        foreign_keys=[("fid", "files", "fid")],
+    )
+    db["uploads"].create({"upload_id": str, "key": str}, pk="upload_id")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_v1]
+
+
+class Journal:
+    """Synchronous journal access; the daemon calls it from one worker thread at a time."""
+
+    def __init__(self, path: Path) -> None:
+        fresh = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.close(fd)
+        os.chmod(path, 0o600)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db = sqlite_utils.Database(self._conn)
+        self.db.enable_wal()
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(path) + suffix)
+            if side.exists():
+                os.chmod(side, 0o600)
+        self.fresh = fresh
+
+    def _migrate(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self.db.conn:
+                self._conn.execute("BEGIN IMMEDIATE")
+                step(self.db)
+                self._conn.execute(f"PRAGMA user_version={number}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # -- meta -------------------------------------------------------------------------
+
+    def get_meta(self, name: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)", (name, value))
+
+    def allocate_fid(self) -> int:
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            current = int(self.get_meta("next_fid") or "1")
+            self.set_meta("next_fid", str(current + 1))
+        return current
+
+    # -- files ------------------------------------------------------------------------
+
+    def put_file(self, rec: PendingFile) -> None:
+        """Record (or replace) a file that must be committed."""
+        self.db["files"].upsert(vars(rec), pk="fid")
+
+    def update_file(self, fid: int, **fields: object) -> None:
+        self.db["files"].update(fid, fields)
+
+    def drop_file(self, fid: int) -> None:
+        """The file is committed (or gone): nothing of it is pending any more."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
+            self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
+
+    def pending_files(self) -> list[PendingFile]:
+        return [PendingFile(**row) for row in self.db["files"].rows_where(order_by="fid")]
+
+    def rekey(self, fid: int, key: str, base_key: str | None) -> None:
+        self.db["files"].update(fid, {"key": key, "base_key": base_key})
+
+    # -- chunks -----------------------------------------------------------------------
+
+    def mark_dirty(self, fid: int, indices: list[int]) -> None:
+        """The intent record: written before the bytes of these chunks are acknowledged."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO chunks(fid, idx, state, etag) VALUES (?, ?, ?, NULL)",
+                [(fid, i, CHUNK_DIRTY) for i in indices],
+            )
+
+    def mark_uploaded(self, fid: int, idx: int, etag: str) -> None:
+        self._conn.execute(
+            "UPDATE chunks SET state=?, etag=? WHERE fid=? AND idx=?",
+            (CHUNK_UPLOADED, etag, fid, idx),
+        )
+
+    def chunks(self, fid: int) -> dict[int, tuple[str, str | None]]:
+        rows = self._conn.execute("SELECT idx, state, etag FROM chunks WHERE fid=?", (fid,))
+        return {idx: (state, etag) for idx, state, etag in rows}
+
+    def forget_uploads(self, fid: int) -> None:
+        """The upload is gone: its parts must be sent again, so they are dirty again."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.execute(
+                "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+            self._conn.execute(
+                "UPDATE files SET upload_id=NULL, upload_key=NULL WHERE fid=?", (fid,))
+
+    def drop_chunks_from(self, fid: int, first_idx: int) -> None:
+        """Chunks past a truncation no longer exist."""
+        self._conn.execute("DELETE FROM chunks WHERE fid=? AND idx>=?", (fid, first_idx))
+
+    def finish_commit(self, fid: int, committed_idx: list[int], keep_file: bool,
+                      base_key: str, base_size: int) -> None:
+        """After CompleteMultipartUpload/PutObject: drop what the new object holds."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.executemany(
+                "DELETE FROM chunks WHERE fid=? AND idx=? AND state=?",
+                [(fid, i, CHUNK_UPLOADED) for i in committed_idx],
+            )
+            if keep_file:
+                self._conn.execute(
+                    "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL"
+                    " WHERE fid=?", (base_key, base_size, fid))
+                self._conn.execute(
+                    "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+            else:
+                self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
+                self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
+
+    # -- multipart uploads ------------------------------------------------------------
+
+    def start_upload(self, fid: int, upload_id: str, key: str) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.execute(
+                "INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)", (upload_id, key))
+            self._conn.execute(
+                "UPDATE files SET upload_id=?, upload_key=? WHERE fid=?", (upload_id, key, fid))
+
+    def end_upload(self, upload_id: str) -> None:
+        """The upload was completed or aborted."""
+        self._conn.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+
+    def orphan_uploads(self) -> list[tuple[str, str]]:
+        """(key, upload_id) of uploads no pending file needs any more."""
+        rows = self._conn.execute(
+            "SELECT key, upload_id FROM uploads WHERE upload_id NOT IN"
+            " (SELECT upload_id FROM files WHERE upload_id IS NOT NULL)")
+        return [(k, u) for k, u in rows]
+
+    # -- durability -------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every earlier commit survive a machine crash (an fsync of the WAL)."""
+        self._conn.execute("PRAGMA synchronous=FULL")
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self.set_meta("last_sync", "1")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+
+
+class AsyncJournal:
+    """The journal from the trio loop: calls run one at a time, in order, in a thread."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.sync = journal
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def __call__(self, fn: Callable[..., T], *args: object) -> T:
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args), limiter=self._limiter, abandon_on_cancel=False)

@@ -1,0 +1,333 @@
+"""The write-back chunk cache: file content on local disk, the journal, and the flusher's inputs.
+
+The filesystem layer calls `CacheManager` with `CachedFile`s; it never sees S3 keys of
+chunks, parts or the journal. Rules kept here (docs/durability.md):
+- intent before write: a chunk is journalled dirty before bytes in it are acknowledged;
+- a partial write into a chunk of a committed object first fills the chunk from S3;
+- a dirty chunk is never dropped; it leaves the cache only as a part or object in S3.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.layout import PartMap
+from lakefs_mount.uring import IoEngine
+
+log = logging.getLogger(__name__)
+
+
+class CacheManager:
+    def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
+                 store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
+                 max_dirty: int) -> None:
+        self.data_dir = cache_dir / "data"
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.engine = engine
+        self.journal = journal
+        self.store = store
+        self.parts = parts
+        self.metrics = metrics
+        self.max_dirty = max_dirty
+        self.dirty_bytes = 0
+        self._dirty_changed = trio.Condition()
+        self.files: dict[int, CachedFile] = {}  # by fid: every file with a cache file
+        # Set by the flusher: called when a full chunk can go up while writing continues.
+        self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
+        self.on_pressure: Callable[[], None] = lambda: None
+        self.uploads_busy: Callable[[], bool] = lambda: False
+
+    # -- cache files ------------------------------------------------------------------
+
+    def cache_path(self, fid: int) -> Path:
+        return self.data_dir / str(fid)
+
+    async def _ensure_fd(self, cf: CachedFile) -> int:
+        if cf.fd is None:
+            if cf.fid is None:
+                cf.fid = await self.journal(self.journal.sync.allocate_fid)
+            path = self.cache_path(cf.fid)
+            cf.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.files[cf.fid] = cf
+        return cf.fd
+
+    async def _ensure_journalled(self, cf: CachedFile) -> None:
+        """Give the file its row in the journal before any chunk of it is dirty."""
+        if cf.in_journal:
+            return
+        await self._ensure_fd(cf)
+        assert cf.fid is not None
+        cf.in_journal = True
+        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
+
+    def pending_record(self, cf: CachedFile) -> PendingFile:
+        assert cf.fid is not None
+        return PendingFile(
+            fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
+            mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
+            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink)
+
+    async def new_file(self, cf: CachedFile) -> None:
+        """A file created through the mount: pending until its first commit."""
+        await self._ensure_journalled(cf)
+
+    async def save_attrs(self, cf: CachedFile) -> None:
+        """Attributes or size changed: the next commit writes them."""
+        cf.version += 1
+        if cf.in_journal:
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.update_file, cf.fid, {
+                "size": cf.size, "mode": cf.mode, "uid": cf.uid, "gid": cf.gid,
+                "mtime_ns": cf.mtime_ns})
+        else:
+            await self._ensure_journalled(cf)
+
+    async def rekey(self, cf: CachedFile, key: str, base_key: str | None) -> None:
+        cf.key = key
+        cf.base_key = base_key
+        if cf.in_journal:
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.rekey, cf.fid, key, base_key)
+
+    async def discard(self, cf: CachedFile) -> None:
+        """The file was unlinked: forget what it still had to upload; abort its upload."""
+        if cf.upload_id is not None and cf.upload_key is not None:
+            upload_id, upload_key = cf.upload_id, cf.upload_key
+            cf.upload_id = cf.upload_key = None
+            try:
+                await self.store.call(self.store.sync.abort_multipart, upload_key, upload_id)
+                await self.journal(self.journal.sync.end_upload, upload_id)
+            except Exception as exc:  # the orphan is aborted at the next mount
+                log.warning("abort of upload for %s failed: %s", upload_key, exc)
+        self._release_dirty(cf)
+        if cf.in_journal and cf.fid is not None:
+            await self.journal(self.journal.sync.drop_file, cf.fid)
+        cf.in_journal = False
+        cf.unlinked = True
+        cf.version += 1
+
+    def close_file(self, cf: CachedFile) -> None:
+        """Last handle closed on an unlinked file: its cache file goes away."""
+        if cf.fd is not None:
+            os.close(cf.fd)
+            cf.fd = None
+        if cf.fid is not None:
+            self.files.pop(cf.fid, None)
+            self.cache_path(cf.fid).unlink(missing_ok=True)
+
+    # -- reading ----------------------------------------------------------------------
+
+    async def read(self, cf: CachedFile, offset: int, size: int) -> bytes:
+        end = min(cf.size, offset + size)
+        if end <= offset:
+            return b""
+        for idx in self.parts.chunks_between(offset, end):
+            await self._ensure_chunk(cf, idx)
+        return await self._read_cached(cf, offset, end)
+
+    async def _read_cached(self, cf: CachedFile, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the cache file; holes and a short cache file read as zeros."""
+        fd = await self._ensure_fd(cf)
+        data = await self.engine.read(fd, end - start, start)
+        if len(data) < end - start:
+            data += bytes(end - start - len(data))
+        return data
+
+    async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
+        return await self._read_cached(cf, start, end)
+
+    def _base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
+        """The part of chunk `idx` that the committed object holds (empty if none)."""
+        start, end = self.parts.chunk_range(idx)
+        if cf.base_key is None:
+            return start, start
+        return start, max(start, min(end, cf.base_size))
+
+    async def _ensure_chunk(self, cf: CachedFile, idx: int) -> None:
+        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed."""
+        while True:
+            if idx in cf.chunks:
+                return
+            waiting = cf.fetching.get(idx)
+            if waiting is None:
+                break
+            await waiting.wait()  # a concurrent reader fetches it; share its GET
+        start, end = self._base_span(cf, idx)
+        if end <= start:
+            cf.chunks[idx] = Chunk(ChunkState.CLEAN)  # a hole: zeros in the sparse file
+            return
+        done = trio.Event()
+        cf.fetching[idx] = done
+        try:
+            assert cf.base_key is not None
+            data = await self.store.get_range(cf.base_key, start, end)
+            fd = await self._ensure_fd(cf)
+            await self.engine.write(fd, data, start)
+            if idx not in cf.chunks:
+                cf.chunks[idx] = Chunk(ChunkState.CLEAN)
+        finally:
+            del cf.fetching[idx]
+            done.set()
+
+    # -- writing ----------------------------------------------------------------------
+
+    async def write(self, cf: CachedFile, offset: int, data: bytes | memoryview) -> int:
+        end = offset + len(data)
+        if end <= offset:
+            return 0
+        touched = self.parts.chunks_between(offset, end)
+        for idx in touched:
+            if idx not in cf.chunks:
+                bstart, bend = self._base_span(cf, idx)
+                if bend > bstart and not (offset <= bstart and end >= bend):
+                    await self._ensure_chunk(cf, idx)  # keep the bytes the write leaves
+        grows_from = cf.size if end > cf.size else None
+        await self._mark_dirty(cf, list(touched), grows_from)
+        fd = await self._ensure_fd(cf)
+        await self.engine.write(fd, data, offset)
+        for idx in touched:
+            cf.chunks[idx].gen += 1
+        if end > cf.size:
+            cf.size = end
+        cf.version += 1
+        first = touched[0]
+        if first > 0:
+            prev = cf.chunks.get(first - 1)
+            if prev is not None and prev.state is ChunkState.DIRTY:
+                self.on_chunk_full(cf, first - 1)
+        return len(data)
+
+    async def truncate(self, cf: CachedFile, size: int) -> None:
+        old = cf.size
+        if size == old:
+            return
+        if size < old:
+            if size > 0:
+                last = self.parts.chunk_of(size - 1)
+                await self._ensure_chunk(cf, last)
+                await self._mark_dirty(cf, [last], None)
+            first_gone = self.parts.chunk_count(size)
+            for idx in [i for i in cf.chunks if i >= first_gone]:
+                self._drop_chunk(cf, idx)
+            if cf.in_journal:
+                assert cf.fid is not None
+                await self.journal(self.journal.sync.drop_chunks_from, cf.fid, first_gone)
+            fd = await self._ensure_fd(cf)
+            os.ftruncate(fd, size)  # metadata-only; never blocks on data
+        else:
+            await self._mark_dirty(cf, [], old)
+        cf.size = size
+        await self.save_attrs(cf)
+
+    def _drop_chunk(self, cf: CachedFile, idx: int) -> None:
+        ch = cf.chunks.pop(idx)
+        if ch.state in PENDING_STATES:
+            self._account(-self._chunk_bytes(idx))
+
+    async def _mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None) -> None:
+        """Journal the chunks as dirty before the write that touches them is acknowledged."""
+        if grows_from is not None and grows_from > 0:
+            # Bytes past the old end were a hole; the old last chunk's part must grow too.
+            tail = self.parts.chunk_of(grows_from - 1)
+            if self.parts.chunk_range(tail)[1] > grows_from and tail not in indices:
+                await self._ensure_chunk(cf, tail)
+                indices = [tail, *indices]
+        for idx in indices:
+            pending = cf.intent_pending.get(idx)
+            if pending is not None:
+                await pending.wait()
+        need = [i for i in indices
+                if cf.state(i) not in (ChunkState.DIRTY, ChunkState.UPLOADING)]
+        if not need:
+            return
+        await self._wait_for_dirty_room(sum(self._chunk_bytes(i) for i in need))
+        await self._ensure_journalled(cf)
+        done = trio.Event()
+        for idx in need:
+            cf.intent_pending[idx] = done
+        try:
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.mark_dirty, cf.fid, need)
+            for idx in need:
+                ch = cf.chunks.get(idx)
+                was_clean = ch is None or ch.state is ChunkState.CLEAN
+                if ch is None:
+                    cf.chunks[idx] = Chunk(ChunkState.DIRTY)
+                elif ch.state not in (ChunkState.DIRTY, ChunkState.UPLOADING):
+                    ch.state, ch.etag = ChunkState.DIRTY, None
+                if was_clean:
+                    self._account(self._chunk_bytes(idx))
+        finally:
+            for idx in need:
+                cf.intent_pending.pop(idx, None)
+            done.set()
+
+    def _chunk_bytes(self, idx: int) -> int:
+        start, end = self.parts.chunk_range(idx)
+        return end - start
+
+    # -- dirty accounting and backpressure --------------------------------------------
+
+    def _account(self, delta: int) -> None:
+        self.dirty_bytes += delta
+        if delta < 0:
+            self._notify_dirty()
+
+    def _notify_dirty(self) -> None:
+        async def notify() -> None:
+            async with self._dirty_changed:
+                self._dirty_changed.notify_all()
+
+        trio.lowlevel.spawn_system_task(notify)
+
+    def chunk_committed(self, cf: CachedFile, idx: int) -> None:
+        """A pending chunk reached S3 as part of a committed object: it is clean now."""
+        ch = cf.chunks.get(idx)
+        if ch is not None and ch.state is ChunkState.UPLOADED:
+            ch.state, ch.etag = ChunkState.CLEAN, None
+            self._account(-self._chunk_bytes(idx))
+
+    def _release_dirty(self, cf: CachedFile) -> None:
+        for idx, ch in cf.chunks.items():
+            if ch.state in PENDING_STATES:
+                self._account(-self._chunk_bytes(idx))
+                ch.state = ChunkState.CLEAN
+
+    async def _wait_for_dirty_room(self, needed: int) -> None:
+        """--max-dirty: a writer waits while the flusher drains, instead of failing."""
+        waited = False
+        while self.dirty_bytes + needed > self.max_dirty and self.dirty_bytes > 0:
+            self.on_pressure()
+            if not self.uploads_busy():
+                break  # nothing can drain without this writer going on (open tails)
+            if not waited:
+                self.metrics[m.WRITER_WAITS] += 1
+                waited = True
+            async with self._dirty_changed:
+                with trio.move_on_after(0.5):
+                    await self._dirty_changed.wait()
+
+    # -- durability -------------------------------------------------------------------
+
+    async def fsync(self, cf: CachedFile, datasync: bool) -> None:
+        """Local durability: the cache file and the journal reach the disk."""
+        if cf.fd is not None:
+            await self.engine.fsync(cf.fd, datasync=True)
+        await self.journal(self.journal.sync.sync)
+
+    def adopt(self, cf: CachedFile) -> None:
+        """Take over a file rebuilt from the journal by recovery."""
+        assert cf.fid is not None
+        self.files[cf.fid] = cf
+        for idx, ch in cf.chunks.items():
+            if ch.state in PENDING_STATES:
+                self._account(self._chunk_bytes(idx))

@@ -1,0 +1,96 @@
+"""Mount-time recovery: every file the journal calls pending goes back into the flusher.
+
+Idempotent: running it twice (a crash during recovery) does the same work again and
+ends in the same S3 state. The rows of docs/durability.md name what each step repairs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.journal import CHUNK_UPLOADED, PendingFile
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.objectstore import NoSuchUpload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    files: int = 0
+    dirty_chunks: int = 0
+    uploaded_parts_kept: int = 0
+    uploads_restarted: int = 0
+    orphan_uploads_aborted: int = 0
+    missing_cache_files: int = 0
+
+    def describe(self) -> str:
+        return (f"recovered {self.files} file(s) with {self.dirty_chunks} dirty chunk(s); "
+                f"kept {self.uploaded_parts_kept} uploaded part(s); restarted "
+                f"{self.uploads_restarted} upload(s); aborted {self.orphan_uploads_aborted} "
+                f"orphan upload(s)")
+
+
+async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport]:
+    """Rebuild the pending files from the journal; the caller attaches and commits them."""
+    journal, store = cache.journal, cache.store
+    report = RecoveryReport()
+    for key, upload_id in await journal(journal.sync.orphan_uploads):
+        # Row "upload created, not referenced": crashed between create and record, or
+        # after completion. Nothing needs it.
+        await store.retrying(f"AbortMultipartUpload {key}", store.sync.abort_multipart,
+                             key, upload_id)
+        await journal(journal.sync.end_upload, upload_id)
+        report.orphan_uploads_aborted += 1
+        cache.metrics[m.ORPHAN_UPLOADS_ABORTED] += 1
+    files = []
+    for rec in await journal(journal.sync.pending_files):
+        if not cache.cache_path(rec.fid).exists():
+            log.error("journal names %s but its cache file %s is gone; its unflushed data "
+                      "is lost", rec.key, cache.cache_path(rec.fid))
+            report.missing_cache_files += 1
+            continue
+        cf = await _restore_file(cache, rec, report)
+        files.append(cf)
+        report.files += 1
+    cache.metrics[m.RECOVERED_FILES] += report.files
+    if report.files or report.orphan_uploads_aborted:
+        log.info(report.describe())
+    return files, report
+
+
+async def _restore_file(cache: CacheManager, rec: PendingFile,
+                        report: RecoveryReport) -> CachedFile:
+    journal, store, parts = cache.journal, cache.store, cache.parts
+    cf = CachedFile(key=rec.key, size=rec.size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
+                    mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
+                    base_size=rec.base_size or 0, upload_id=rec.upload_id,
+                    upload_key=rec.upload_key, symlink=rec.symlink, in_journal=True)
+    chunks = await journal(journal.sync.chunks, rec.fid)
+    remote_parts: dict[int, str] | None = None
+    if cf.upload_id is not None and cf.upload_key is not None:
+        try:
+            remote_parts = await store.retrying(
+                f"ListParts {cf.upload_key}", store.sync.list_parts, cf.upload_key, cf.upload_id)
+        except NoSuchUpload:
+            await journal(journal.sync.forget_uploads, rec.fid)
+            await journal(journal.sync.end_upload, cf.upload_id)
+            cf.upload_id = cf.upload_key = None
+            report.uploads_restarted += 1
+    for idx, (state, etag) in chunks.items():
+        start, end = parts.chunk_range(idx)
+        if start >= cf.size:
+            continue
+        if (state == CHUNK_UPLOADED and remote_parts is not None
+                and remote_parts.get(idx + 1) == etag):
+            cf.chunks[idx] = Chunk(ChunkState.UPLOADED, etag=etag,
+                                   length=min(end, cf.size) - start)
+            report.uploaded_parts_kept += 1
+        else:
+            cf.chunks[idx] = Chunk(ChunkState.DIRTY)
+            report.dirty_chunks += 1
+    cache.adopt(cf)
+    return cf

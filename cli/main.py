@@ -1,0 +1,638 @@
+"""`lakefs-mount` command line: mount, flush, unmount, status.
+
+Every expected failure ends as one line `lakefs-mount: <message>` on stderr and a non-zero
+exit status (2: bad arguments or unusable mount point / cache directory; 1: the operation
+itself failed), never as a Python traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lakefs_mount import control
+from lakefs_mount.config import (
+    MiB,
+    MountConfig,
+    default_log_file,
+    parse_size,
+    parse_source,
+)
+from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
+from lakefs_mount.objectstore import ObjectStoreError
+
+PROG = "lakefs-mount"
+READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report the mount
+EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
+
+
+class CliError(click.ClickException):
+    """An expected failure with its exit status (1 runtime, 2 bad input)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"{PROG}: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Prints every error as `lakefs-mount: <message>` instead of click's format."""
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name or PROG, complete_var, False, **extra)
+        except click.UsageError as exc:
+            hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
+            _fail(exc.format_message() + hint, exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except (ControlError, MountpointError, ObjectStoreError) as exc:
+            _fail(str(exc), 1)
+        except (click.Abort, KeyboardInterrupt):
+            _fail("interrupted", 130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError:
+            self.fail(f"not a size: {value!r} (use e.g. 512M, 64G)", param, ctx)
+
+
+SIZE = SizeType()
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            text = f"{value:.0f}" if unit == "B" else f"{value:.1f}".removesuffix(".0")
+            return f"{text} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _abs(path: Path | str) -> Path:
+    """Absolute path without resolving the last component (it may be a dead mount)."""
+    return Path(os.path.abspath(path))
+
+
+def _is_relative_to(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+# ---------------------------------------------------------------------------- cli
+
+
+@click.group(PROG, cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lakefs-mount", prog_name=PROG)
+def cli() -> None:
+    """Mount an S3 bucket with a crash-safe local write-back cache (built for checkpoints)."""
+
+
+MOUNT_EPILOG = """\b
+Exit status: 0 mounted; 2 bad arguments, or a mount point / cache directory that cannot
+be used (missing, not a directory, not empty, already mounted, not writable); 1 the mount
+itself failed (S3 unreachable, wrong credentials, daemon died).
+"""
+
+
+@cli.command(epilog=MOUNT_EPILOG)
+@click.argument("args", nargs=-1, required=True, metavar="[SOURCE] MOUNTPOINT")
+@click.option("--cache-dir", type=click.Path(path_type=Path),
+              help="Local cache directory (default: under the state directory).")
+@click.option("--cache-size", type=SIZE, default="64G", show_default=True,
+              help="Local cache size; clean chunks are evicted beyond it.")
+@click.option("--max-dirty", type=SIZE, default="16G", show_default=True,
+              help="Dirty bytes not yet in S3 before writers wait.")
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL",
+              help="S3 endpoint (env AWS_ENDPOINT_URL).")
+@click.option("--region", help="S3 region.")
+@click.option("--profile", help="AWS profile for credentials.")
+@click.option("--part-size", type=SIZE, default="16M", show_default=True,
+              help="Multipart part size, 8M..512M, a multiple of 1 MiB.")
+@click.option("--upload-concurrency", type=click.IntRange(1, 64), default=8,
+              show_default=True, help="Parallel part uploads.")
+@click.option("--foreground", "-f", is_flag=True, help="Stay in the foreground, log to stderr.")
+@click.option("--allow-other", is_flag=True, help="Let other users access the mount.")
+@click.option("--read-only", is_flag=True, help="Mount read-only.")
+@click.option("--fsync", "fsync_mode", type=click.Choice(["local", "remote"]), default="local",
+              show_default=True,
+              help="fsync(): durable on local disk, or committed in S3.")
+@click.option("--io-engine", type=click.Choice(["auto", "uring", "threads"]), default="auto",
+              show_default=True, help="Cache-file I/O engine.")
+@click.option("--metadata-ttl", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              metavar="SECONDS", help="How long listings and attributes are cached.")
+@click.option("--read-ahead", type=click.IntRange(0, 256), default=4, show_default=True,
+              metavar="CHUNKS", help="Chunks prefetched ahead of sequential readers.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                               case_sensitive=False),
+              default="INFO", show_default=True, metavar="[DEBUG|INFO|WARNING|ERROR]")
+@click.option("--log-file", type=click.Path(path_type=Path),
+              help="Log file (default: <state dir>/logs/<mount id>.log).")
+@click.option("--embedded-dir", type=click.Path(path_type=Path),
+              help="Data directory of the embedded S3 server (only without SOURCE).")
+@click.pass_context
+def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
+    """Mount SOURCE (s3://bucket[/prefix]) at MOUNTPOINT.
+
+    Without SOURCE a private embedded S3 server (SeaweedFS) is started. Returns once the
+    mount is ready; the daemon keeps running in the background unless -f is given.
+    """
+    config = _build_config(ctx, args, opts)
+    try:
+        check_mountpoint(config.mountpoint)
+        check_cache_dir(config.resolved_cache_dir())
+    except MountpointError as exc:
+        raise CliError(str(exc), 2) from None
+    assert config.log_file is not None
+    try:
+        from lakefs_mount.logsetup import open_log_file
+
+        open_log_file(config.log_file)
+    except OSError as exc:
+        raise CliError(f"cannot create log file {config.log_file}: {exc.strerror}", 2) from None
+    if opts["foreground"]:
+        sys.exit(_run_foreground(config))
+    sys.exit(_daemonize(config))
+
+
+def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any]) -> MountConfig:
+    """Turn the command line into a validated MountConfig (UsageError on bad input)."""
+    if len(args) > 2:
+        raise click.UsageError("expected [SOURCE] MOUNTPOINT, got "
+                               f"{len(args)} arguments", ctx)
+    source = args[0] if len(args) == 2 else None
+    mountpoint = _abs(args[-1])
+    bucket, prefix = None, ""
+    if source is not None:
+        try:
+            bucket, prefix = parse_source(source)
+        except ValueError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+    else:
+        for name in ("endpoint_url", "profile", "region"):
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"--{name.replace('_', '-')} needs a SOURCE "
+                                       f"(s3://bucket[/prefix]); without one the embedded "
+                                       f"server is used", ctx)
+    if source is not None and opts["embedded_dir"] is not None:
+        raise click.UsageError("--embedded-dir applies only without SOURCE", ctx)
+    part_size = opts["part_size"]
+    if not 8 * MiB <= part_size <= 512 * MiB or part_size % MiB:
+        raise click.BadParameter(f"{human_bytes(part_size)} is not allowed: use 8M..512M in "
+                                 f"whole MiB", ctx, param_hint="'--part-size'")
+    if opts["max_dirty"] < part_size:
+        raise click.BadParameter("must be at least one part (--part-size)", ctx,
+                                 param_hint="'--max-dirty'")
+    if opts["cache_size"] < opts["max_dirty"]:
+        raise click.BadParameter("must be at least --max-dirty (dirty data is never "
+                                 "evicted)", ctx, param_hint="'--cache-size'")
+    cache_dir = _abs(opts["cache_dir"]) if opts["cache_dir"] else None
+    if cache_dir is not None and _is_relative_to(cache_dir, mountpoint):
+        raise click.BadParameter("must not be inside the mount point", ctx,
+                                 param_hint="'--cache-dir'")
+    log_file = _abs(opts["log_file"]) if opts["log_file"] else default_log_file(mountpoint)
+    if _is_relative_to(log_file, mountpoint):
+        raise click.BadParameter("must not be inside the mount point", ctx,
+                                 param_hint="'--log-file'")
+    return MountConfig(
+        mountpoint=mountpoint, bucket=bucket, prefix=prefix,
+        endpoint_url=opts["endpoint_url"] if source is not None else None,
+        region=opts["region"], profile=opts["profile"], cache_dir=cache_dir,
+        cache_size=opts["cache_size"], max_dirty=opts["max_dirty"], part_size=part_size,
+        upload_concurrency=opts["upload_concurrency"], allow_other=opts["allow_other"],
+        read_only=opts["read_only"], fsync_mode=opts["fsync_mode"],
+        io_engine=opts["io_engine"], metadata_ttl=opts["metadata_ttl"],
+        read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
+        log_file=log_file,
+        embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,
+    )
+
+
+def _import_run_mount() -> Callable[[MountConfig, Callable[[str | None], None]], int]:
+    """The daemon entry point, imported late: it pulls in pyfuse3, trio and boto3."""
+    try:
+        from lakefs_mount.daemon import run_mount
+    except ModuleNotFoundError as exc:
+        if exc.name != "lakefs_mount.daemon":
+            raise
+        raise CliError("this installation has no mount daemon (lakefs_mount.daemon)") from None
+    return run_mount
+
+
+def _run_foreground(config: MountConfig) -> int:
+    """Run the daemon in this process with logs on stderr (and in the log file)."""
+    from lakefs_mount.logsetup import setup_logging
+
+    setup_logging(config.log_level, config.log_file, foreground=True)
+    run_mount = _import_run_mount()
+
+    def report_ready(error: str | None) -> None:
+        if error:
+            click.echo(f"{PROG}: {error}", err=True)
+
+    return run_mount(config, report_ready)
+
+
+def _daemonize(config: MountConfig) -> int:
+    """Fork a session leader that runs the mount; return the parent's exit status."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        os.close(read_fd)
+        _daemon_child(config, write_fd)
+    os.close(write_fd)
+    return _wait_ready(config, pid, read_fd)
+
+
+def _daemon_child(config: MountConfig, write_fd: int) -> None:
+    """Body of the forked daemon: detach, log to the file, run the mount, _exit."""
+    rc = 1
+    reported = False
+
+    def report_ready(error: str | None) -> None:
+        nonlocal reported
+        if reported:
+            return
+        reported = True
+        message = {"ok": True} if error is None else {"ok": False, "error": error}
+        try:
+            os.write(write_fd, json.dumps(message).encode() + b"\n")
+            os.close(write_fd)
+        except OSError:
+            pass  # the parent gave up waiting; nothing to tell
+
+    try:
+        os.setsid()
+        os.chdir("/")  # never keep the caller's working directory busy
+        assert config.log_file is not None
+        null = os.open(os.devnull, os.O_RDWR)
+        log_fd = os.open(config.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null)
+        os.close(log_fd)
+        from lakefs_mount.logsetup import setup_logging
+
+        setup_logging(config.log_level, config.log_file, foreground=False)
+        rc = _import_run_mount()(config, report_ready)
+        if not reported:
+            report_ready(f"the daemon exited (status {rc}) without mounting; "
+                         f"see {config.log_file}")
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+        report_ready(f"the daemon exited (status {rc}) without mounting; "
+                     f"see {config.log_file}")
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        import logging
+        import traceback
+
+        logging.getLogger("lakefs_mount.cli").error("daemon failed: %s", exc, exc_info=True)
+        traceback.print_exc()
+        report_ready(f"the daemon failed: {exc}; see {config.log_file}")
+        rc = rc or 1
+    finally:
+        try:
+            import logging
+
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
+
+
+def _wait_ready(config: MountConfig, pid: int, read_fd: int) -> int:
+    """Parent side: wait for the child's one JSON line on the pipe."""
+    buf = b""
+    deadline = time.monotonic() + READY_TIMEOUT
+    try:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGTERM)
+                click.echo(f"{PROG}: the daemon (pid {pid}) did not report the mount ready "
+                           f"within {READY_TIMEOUT:g} s; stopped it. See {config.log_file}",
+                           err=True)
+                return 1
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if ready:
+                chunk = os.read(read_fd, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+    finally:
+        os.close(read_fd)
+    if b"\n" not in buf:
+        status = _reap(pid, 5.0)
+        click.echo(f"{PROG}: the mount daemon died before the mount was ready"
+                   f"{status}. Last lines of {config.log_file}:", err=True)
+        click.echo(_tail(config.log_file), err=True)
+        return 1
+    try:
+        message = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        message = {"ok": False, "error": f"garbled report from the daemon: {buf[:200]!r}"}
+    if message.get("ok"):
+        return 0
+    click.echo(f"{PROG}: {message.get('error') or 'mount failed'}", err=True)
+    _reap(pid, 10.0)  # let it finish cleaning up so a retry finds the mount point free
+    return 1
+
+
+def _reap(pid: int, timeout: float) -> str:
+    """Wait up to `timeout` for our child; describe how it ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.WIFSIGNALED(status):
+                return f" (killed by signal {os.WTERMSIG(status)})"
+            return f" (exit status {os.WEXITSTATUS(status)})"
+        if time.monotonic() > deadline:
+            return ""
+        time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(cannot read the log: {exc.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+
+
+# ---------------------------------------------------------------------------- flush
+
+
+class _ProgressPrinter:
+    """Prints flush progress to stderr: a live line on a TTY, a line every 10 s otherwise."""
+
+    def __init__(self, verb: str) -> None:
+        self.verb = verb
+        self.tty = sys.stderr.isatty()
+        self.interval = 1.0 if self.tty else 10.0
+        self.last_print = 0.0
+        self.last: dict | None = None
+        self.dirty_line = False
+
+    def __call__(self, info: dict) -> None:
+        self.last = info
+        now = time.monotonic()
+        if now - self.last_print < self.interval:
+            return
+        self.last_print = now
+        text = f"{self.verb}: {describe_progress(info)}"
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + text)
+            self.dirty_line = True
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.dirty_line:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.dirty_line = False
+
+
+def describe_progress(info: dict) -> str:
+    parts = []
+    if "dirty_bytes" in info:
+        parts.append(f"{human_bytes(info['dirty_bytes'])} left")
+    if "files" in info:
+        parts.append(f"{info['files']} file{'s' if info['files'] != 1 else ''}")
+    if "uploaded_bytes" in info:
+        parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
+    if not parts:
+        parts = [f"{k}={v}" for k, v in info.items()]
+    return ", ".join(parts)
+
+
+def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
+    """PATH (absolute inside the mount, or relative to its root) -> key-relative path."""
+    if path is None:
+        return None
+    candidate = Path(os.path.normpath(mountpoint / path))  # absolute `path` wins in `/`
+    if not _is_relative_to(candidate, mountpoint):
+        real_mp = Path(os.path.realpath(mountpoint))
+        candidate = Path(os.path.realpath(candidate))
+        if not _is_relative_to(candidate, real_mp):
+            raise click.BadParameter(f"{path} is outside the mount {mountpoint}",
+                                     param_hint="PATH")
+        mountpoint = real_mp
+    rel = candidate.relative_to(mountpoint).as_posix()
+    return None if rel in ("", ".") else rel
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("path", required=False)
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Give up (exit 1) after this long; default: wait until done.")
+def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+    """Block until everything written under PATH (default: the whole mount) is in S3.
+
+    PATH is absolute inside the mount or relative to its root. Exit status 0 only when the
+    data is committed in S3.
+    """
+    mp = _abs(mountpoint)
+    rel = _relative_in_mount(mp, path)
+    printer = _ProgressPrinter("flushing")
+    try:
+        result = control.call(mp, {"op": "flush", "path": rel}, timeout=timeout,
+                              on_progress=printer)
+    except ControlTimeout as exc:
+        printer.done()
+        left = (exc.last_progress or printer.last or {}).get("dirty_bytes")
+        still = f"; {left} bytes ({human_bytes(left)}) still dirty" if left is not None else ""
+        raise CliError(f"flush timed out after {timeout:g} s{still}") from None
+    except ControlError as exc:
+        printer.done()
+        raise CliError(f"flush of {mp / (rel or '')} failed: {exc}") from None
+    printer.done()
+    if sys.stderr.isatty():
+        flushed = result.get("flushed_bytes")
+        extra = f" ({human_bytes(flushed)} uploaded)" if flushed else ""
+        click.echo(f"{PROG}: {mp / (rel or '')} is in S3{extra}", err=True)
+
+
+# ---------------------------------------------------------------------------- unmount
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone: its work is over)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _unmount_without_daemon(mp: Path, error: ControlError) -> None:
+    """No daemon answers: detach a dead FUSE mount, otherwise report why nothing happened."""
+    from lakefs_mount import mountpoint as mpt
+
+    entry = mpt.find_mount(mp)
+    if entry is None:
+        raise CliError(str(error))
+    if not mpt.is_stale(mp):
+        raise CliError(f"{mp} is mounted ({entry.fstype} from {entry.source}) but no "
+                       f"lakefs-mount daemon answers on its control socket; if it is not a "
+                       f"lakefs-mount mount, use: umount {mp}")
+    mpt.cleanup_stale(mp)
+    click.echo(f"{PROG}: {mp} was a dead mount (its daemon had died); detached it. Data not "
+               f"yet in S3 stays in the cache and is uploaded at the next mount with the "
+               f"same cache directory.", err=True)
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.option("--no-flush", is_flag=True, help="Do not wait for dirty data to reach S3.")
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Give up on the flush after this long (the mount stays).")
+def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
+    """Flush everything to S3, unmount, and wait until the daemon has exited."""
+    from lakefs_mount import mountpoint as mpt
+
+    mp = _abs(mountpoint)
+    printer = _ProgressPrinter("flushing before unmount")
+    try:
+        result = control.call(mp, {"op": "unmount", "flush": not no_flush}, timeout=timeout,
+                              on_progress=printer)
+    except DaemonNotRunning as exc:
+        printer.done()
+        _unmount_without_daemon(mp, exc)
+        return
+    except ControlTimeout as exc:
+        printer.done()
+        left = (exc.last_progress or printer.last or {}).get("dirty_bytes")
+        still = f"; {human_bytes(left)} still dirty" if left is not None else ""
+        raise CliError(f"flush before unmount timed out after {timeout:g} s{still}; "
+                       f"{mp} stays mounted") from None
+    except ControlError as exc:
+        printer.done()
+        raise CliError(f"cannot unmount {mp}: {exc}; it stays mounted") from None
+    printer.done()
+    pid = result.get("pid")
+    try:
+        mpt.unmount(mp)
+    except MountpointError as exc:
+        if mpt.is_mounted(mp):
+            raise CliError(f"{exc}; {mp} stays mounted and usable") from None
+    if isinstance(pid, int) and pid > 0:
+        deadline = time.monotonic() + EXIT_WAIT
+        while _pid_alive(pid):
+            if time.monotonic() > deadline:
+                raise CliError(f"{mp} is unmounted, but the daemon (pid {pid}) is still "
+                               f"running after {EXIT_WAIT:g} s; see its log")
+            time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------------- status
+
+
+_SECRET_WORDS = ("secret", "password", "token", "credential", "access_key")
+
+STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("mountpoint", "mount point", str),
+    ("source", "source", str),
+    ("bucket", "bucket", str),
+    ("prefix", "prefix", lambda v: v or "(whole bucket)"),
+    ("endpoint", "endpoint", str),
+    ("pid", "daemon pid", str),
+    ("io_engine", "io engine", str),
+    ("dirty_bytes", "dirty (not in S3)", human_bytes),
+    ("max_dirty", "max dirty", human_bytes),
+    ("files_pending", "files pending", str),
+    ("uploads_in_flight", "uploads in flight", str),
+    ("bytes_uploaded", "bytes uploaded", human_bytes),
+    ("retries", "retries", str),
+    ("errors", "errors", str),
+    ("last_error", "last error", str),
+    ("cache_used", "cache used", human_bytes),
+    ("cache_size", "cache size", human_bytes),
+    ("cache_dir", "cache dir", str),
+]
+
+
+def format_status(status: dict) -> str:
+    """A two-column table of the status dict; unknown keys follow, secrets never."""
+    rows = []
+    known = set()
+    for key, label, fmt in STATUS_ROWS:
+        known.add(key)
+        if key in status and status[key] is not None:
+            rows.append((label, fmt(status[key])))
+    for key in sorted(status):
+        if key in known or any(w in key.lower() for w in _SECRET_WORDS):
+            continue
+        value = status[key]
+        text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        rows.append((key.replace("_", " "), text))
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              metavar="SECONDS")
+def status(mountpoint: Path, as_json: bool, timeout: float) -> None:
+    """Show dirty data, uploads, errors and cache use of a mount."""
+    result = control.call(_abs(mountpoint), {"op": "status"}, timeout=timeout)
+    result = {k: v for k, v in result.items()
+              if not any(w in k.lower() for w in _SECRET_WORDS)}
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(format_status(result))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,103 @@
+"""The object store as seen from the trio loop: every call in a worker thread, bounded."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.objectstore import (
+    AccessDenied,
+    Listing,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+    ObjectInfo,
+    ObjectStore,
+    ObjectStoreError,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Errors that retrying cannot fix; everything else (timeouts, 5xx, resets) is retried.
+PERMANENT = (NoSuchUpload, NoSuchKey)
+
+
+class AsyncStore:
+    """Runs `ObjectStore` calls in threads behind one limiter and counts what they do."""
+
+    def __init__(self, store: ObjectStore, metrics: m.Metrics, max_threads: int = 16) -> None:
+        self.sync = store
+        self.metrics = metrics
+        self._limiter = trio.CapacityLimiter(max_threads)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args), limiter=self._limiter, abandon_on_cancel=False)
+
+    async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
+                       on_error: Callable[[Exception], None] | None = None,
+                       max_attempts: float = math.inf) -> T:
+        """Retry with exponential backoff (0.2 s doubling to 30 s) until it works.
+
+        Dirty data is never dropped, so the flusher retries forever; `on_error` lets it
+        publish the failure (status, waiting flushes) while it keeps trying.
+        """
+        delay = 0.2
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self.call(fn, *args)
+            except PERMANENT:
+                raise
+            except (ObjectStoreError, OSError) as exc:
+                self.metrics[m.ERRORS] += 1
+                if on_error is not None:
+                    on_error(exc)
+                if attempt >= max_attempts:
+                    raise
+                if isinstance(exc, (AccessDenied, NoSuchBucket)):
+                    log.error("%s failed: %s (retrying in %.1f s)", what, exc, delay)
+                else:
+                    log.warning("%s failed: %s (retrying in %.1f s)", what, exc, delay)
+                self.metrics[m.RETRIES] += 1
+                await trio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        self.metrics[m.HEADS] += 1
+        return await self.call(self.sync.head, key)
+
+    async def list_dir(self, prefix: str) -> Listing:
+        self.metrics[m.LISTS] += 1
+        return await self.call(self.sync.list_dir, prefix)
+
+    async def list_recursive(self, prefix: str) -> list[ObjectInfo]:
+        def collect() -> list[ObjectInfo]:
+            it: Iterator[ObjectInfo] = self.sync.list_recursive(prefix)
+            return list(it)
+
+        self.metrics[m.LISTS] += 1
+        return await self.call(collect)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.metrics[m.GETS] += 1
+        data = await self.retrying(f"GET {key}", self.sync.get_range, key, start, end,
+                                   max_attempts=4)
+        self.metrics[m.BYTES_DOWNLOADED] += len(data)
+        return data
+
+    async def delete(self, key: str) -> None:
+        self.metrics[m.DELETES] += 1
+        await self.call(self.sync.delete, key)
+
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None) -> str:
+        self.metrics[m.SERVER_SIDE_COPIES] += 1
+        return await self.call(self.sync.copy, src, dst, metadata)

@@ -1,0 +1,104 @@
+"""What one mount was asked to do: the options of `lakefs-mount mount`, validated."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def _runtime_root() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/lakefs-mount")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "lakefs-mount" if xdg else Path(f"/tmp/lakefs-mount-{os.geteuid()}")
+
+
+def _state_root() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/lakefs-mount")
+    return Path.home() / ".local" / "share" / "lakefs-mount"
+
+
+def mount_id(mountpoint: Path) -> str:
+    """A short stable name for a mount point, used for its socket and default cache."""
+    # Resolve only the parent: a stat of the mount root itself would hang on a mount
+    # whose daemon is not serving yet (or any more).
+    absolute = Path(os.path.abspath(mountpoint))
+    canonical = absolute.parent.resolve() / absolute.name
+    return hashlib.sha256(str(canonical).encode()).hexdigest()[:16]
+
+
+def control_socket_path(mountpoint: Path) -> Path:
+    """Where the daemon serving `mountpoint` listens; the CLI finds it from the path alone."""
+    return _runtime_root() / f"{mount_id(mountpoint)}.sock"
+
+
+def default_cache_dir(mountpoint: Path) -> Path:
+    return _state_root() / "cache" / mount_id(mountpoint)
+
+
+def default_embedded_dir() -> Path:
+    return _state_root() / "embedded"
+
+
+@dataclass
+class MountConfig:
+    mountpoint: Path
+    bucket: str | None = None  # None: start the embedded SeaweedFS
+    prefix: str = ""  # "" or ends with "/"
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    cache_dir: Path | None = None
+    cache_size: int = 64 * GiB
+    max_dirty: int = 16 * GiB
+    part_size: int = 16 * MiB
+    upload_concurrency: int = 8
+    allow_other: bool = False
+    read_only: bool = False
+    fsync_mode: str = "local"  # "local" | "remote"
+    io_engine: str = "auto"  # "auto" | "uring" | "threads"
+    metadata_ttl: float = 5.0
+    read_ahead: int = 4  # chunks
+    log_level: str = "INFO"
+    log_file: Path | None = None
+    embedded_dir: Path | None = None  # state of the embedded SeaweedFS
+
+    def resolved_cache_dir(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)
+
+
+def parse_source(source: str) -> tuple[str, str]:
+    """`s3://bucket[/prefix]` -> (bucket, prefix with a trailing slash or "")."""
+    if not source.startswith("s3://"):
+        raise ValueError(f"SOURCE must look like s3://bucket[/prefix], got {source!r}")
+    rest = source[len("s3://"):]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"SOURCE {source!r} names no bucket")
+    prefix = prefix.strip("/")
+    return bucket, (prefix + "/") if prefix else ""
+
+
+def parse_size(text: str) -> int:
+    """'16M', '64GiB', '1024' -> bytes."""
+    units = {"": 1, "K": 1024, "M": MiB, "G": GiB, "T": 1024 * GiB}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    num = t.rstrip("KMGT")
+    unit = t[len(num):]
+    if unit not in units or not num:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 64G)")
+    value = float(num) * units[unit]
+    if value < 0:
+        raise ValueError(f"size must not be negative: {text!r}")
+    return int(value)
+
+
+def default_log_file(mountpoint: Path) -> Path:
+    """Where a daemonized mount logs unless --log-file says otherwise."""
+    return _state_root() / "logs" / f"{mount_id(mountpoint)}.log"

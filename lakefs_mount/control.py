@@ -1,0 +1,312 @@
+"""The control socket between the `lakefs-mount` CLI and a running mount daemon.
+
+Why a socket and not signals: `flush` and `unmount` must block until the data is in S3 and
+report progress and errors; a signal can do neither.
+
+Wire protocol (newline-delimited JSON over a Unix stream socket, one request per
+connection):
+
+    request   {"op": "status"}
+              {"op": "flush", "path": "step_100" | null}     # relative to the mount root
+              {"op": "unmount", "flush": true | false}
+    response  zero or more {"progress": {...}} lines, then exactly one of
+              {"ok": true, "result": {...}}    or    {"ok": false, "error": "message"}
+
+The socket lives in a 0700 directory and is itself 0600; the server also checks the
+peer's uid (SO_PEERCRED) and answers other users with an error.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from lakefs_mount.config import control_socket_path
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 1024 * 1024  # a request or response line longer than this is a protocol error
+REQUEST_TIMEOUT = 30.0  # seconds a client may take to send its request line
+
+
+class ControlError(Exception):
+    """A control call failed; `str()` is a message fit for the user."""
+
+
+class DaemonNotRunning(ControlError):
+    """Nobody listens on the control socket of that mount point."""
+
+
+class ControlTimeout(ControlError):
+    """The call did not finish in time; `last_progress` is the last progress seen."""
+
+    def __init__(self, message: str, last_progress: dict | None = None) -> None:
+        super().__init__(message)
+        self.last_progress = last_progress
+
+
+class FlushFailed(Exception):
+    """Raised by a handler's flush when the data could not be committed to S3."""
+
+
+class ControlHandler(Protocol):
+    """What the daemon implements; each method's dict result is sent back as `result`."""
+
+    async def status(self) -> dict: ...
+
+    async def flush(self, path: str | None,
+                    progress: Callable[[dict], Awaitable[None]]) -> dict: ...
+
+    async def prepare_unmount(self, flush: bool) -> dict: ...
+
+
+# ---------------------------------------------------------------------------- server
+
+
+def _peer_cred(sock: Any) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def _prepare_dir(directory: Path) -> None:
+    """Create the socket's directory 0700; refuse one owned by somebody else."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = directory.stat()
+    if st.st_uid != os.geteuid():
+        raise ControlError(f"control socket directory {directory} belongs to uid "
+                           f"{st.st_uid}, not to us (uid {os.geteuid()}); refusing to use it")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+
+
+async def _remove_stale(socket_path: Path) -> None:
+    """Unlink a leftover socket of a dead daemon; fail if a live daemon answers on it."""
+    try:
+        st = socket_path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ControlError(f"{socket_path} exists and is not a socket; remove it by hand")
+    probe = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pid: int | str = "?"  # a connect that hangs (full backlog) also means alive
+        with trio.move_on_after(5):
+            await probe.connect(str(socket_path))
+            pid = _peer_cred(probe)[0]
+        raise ControlError(f"another lakefs-mount daemon (pid {pid}) already serves "
+                           f"this mount point (control socket {socket_path})")
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # nobody listens: the file is a leftover of a dead daemon
+    finally:
+        probe.close()
+    log.info("removing stale control socket %s", socket_path)
+    socket_path.unlink(missing_ok=True)
+
+
+async def serve_control(socket_path: Path, handler: ControlHandler, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve control requests until cancelled; the socket file is removed on the way out.
+
+    `task_status.started()` is called once the socket accepts connections, so
+    `await nursery.start(serve_control, ...)` returns only when the CLI can connect.
+    """
+    socket_path = Path(socket_path)
+    _prepare_dir(socket_path.parent)
+    await _remove_stale(socket_path)
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await listener.bind(str(socket_path))
+        bound = os.stat(socket_path)
+        try:
+            os.chmod(socket_path, 0o600)
+            listener.listen(64)
+            log.info("control socket listening at %s", socket_path)
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                while True:
+                    conn, _ = await listener.accept()
+                    nursery.start_soon(_serve_connection, conn, handler)
+        finally:
+            _unlink_if_ours(socket_path, bound)
+    finally:
+        listener.close()
+
+
+def _unlink_if_ours(socket_path: Path, bound: os.stat_result) -> None:
+    """Unlink the socket unless another daemon has replaced it in the meantime."""
+    try:
+        st = os.stat(socket_path)
+        if (st.st_dev, st.st_ino) == (bound.st_dev, bound.st_ino):
+            os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+
+
+async def _send(stream: trio.SocketStream, message: dict) -> None:
+    await stream.send_all(json.dumps(message, default=str).encode() + b"\n")
+
+
+async def _read_line(stream: trio.SocketStream) -> bytes:
+    buf = bytearray()
+    while b"\n" not in buf:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            raise ValueError("request line too long")
+    return bytes(buf.split(b"\n", 1)[0])
+
+
+async def _serve_connection(conn: trio.socket.SocketType, handler: ControlHandler) -> None:
+    """Answer one request; any failure stays inside this connection."""
+    stream = trio.SocketStream(conn)
+    try:
+        async with stream:
+            pid, uid, _ = _peer_cred(conn)
+            if uid not in (os.geteuid(), 0):
+                log.warning("control socket: rejected pid %d of uid %d", pid, uid)
+                await _send(stream, {"ok": False, "error":
+                                     f"permission denied: this mount belongs to uid "
+                                     f"{os.geteuid()}"})
+                return
+            with trio.fail_after(REQUEST_TIMEOUT):
+                line = await _read_line(stream)
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("request is not a JSON object")
+            except ValueError as exc:
+                await _send(stream, {"ok": False, "error": f"bad request: {exc}"})
+                return
+            await _send(stream, await _dispatch(stream, request, handler))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+            ConnectionError) as exc:
+        log.debug("control connection ended early: %r", exc)
+    except Exception:
+        log.exception("control connection failed")
+
+
+async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHandler) -> dict:
+    """Run the handler method for `request` and turn its outcome into the final line."""
+    op = request.get("op")
+
+    async def progress(info: dict) -> None:
+        await _send(stream, {"progress": info})
+
+    try:
+        if op == "status":
+            result = await handler.status()
+        elif op == "flush":
+            path = request.get("path")
+            if path is not None and not isinstance(path, str):
+                raise ValueError("flush: path must be a string or null")
+            result = await handler.flush(path or None, progress)
+        elif op == "unmount":
+            result = await handler.prepare_unmount(bool(request.get("flush", True)))
+        else:
+            raise ValueError(f"unknown op {op!r}")
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise  # the client went away while we sent progress
+    except FlushFailed as exc:
+        return {"ok": False, "error": str(exc) or "flush failed"}
+    except Exception as exc:
+        if not isinstance(exc, ValueError):
+            log.exception("control op %r failed", op)
+        return {"ok": False, "error": str(exc) or type(exc).__name__}
+    return {"ok": True, "result": result if result is not None else {}}
+
+
+# ---------------------------------------------------------------------------- client
+
+
+def call(mountpoint: Path, request: dict, *, timeout: float | None,
+         on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Send one request to the daemon serving `mountpoint`; return its `result`.
+
+    Blocks until the final line (or `timeout` seconds in total, None = forever). Raises
+    DaemonNotRunning, ControlTimeout or ControlError with a message for the user.
+    """
+    return call_socket(control_socket_path(Path(mountpoint)), request, timeout=timeout,
+                       on_progress=on_progress, target=str(mountpoint))
+
+
+def call_socket(socket_path: Path, request: dict, *, timeout: float | None,
+                on_progress: Callable[[dict], None] | None = None,
+                target: str | None = None) -> dict:
+    """`call` on an explicit socket path (what tests and tools use)."""
+    target = target or str(socket_path)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    last_progress: dict | None = None
+
+    def remaining() -> float | None:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+    try:
+        try:
+            sock.settimeout(remaining())
+            sock.connect(str(socket_path))
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+            raise DaemonNotRunning(f"no lakefs-mount daemon serves {target} "
+                                   f"(is it mounted?)") from exc
+        except PermissionError as exc:
+            raise ControlError(f"permission denied on the control socket {socket_path} of "
+                               f"{target}: the mount belongs to another user") from exc
+        try:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon refused before reading (e.g. wrong uid): its answer is queued
+        buf = bytearray()
+        while True:
+            while b"\n" not in buf:
+                sock.settimeout(remaining())
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ControlError(f"the lakefs-mount daemon serving {target} closed the "
+                                       f"connection without an answer (did it crash? "
+                                       f"see its log)")
+                buf += chunk
+                if len(buf) > MAX_LINE:
+                    raise ControlError("the daemon sent an over-long reply line")
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf = bytearray(rest)
+            try:
+                message = json.loads(line)
+            except ValueError as exc:
+                raise ControlError(f"garbled reply from the daemon: {line[:200]!r}") from exc
+            if "progress" in message:
+                last_progress = message["progress"]
+                if on_progress is not None:
+                    on_progress(last_progress)
+                continue
+            if message.get("ok"):
+                return message.get("result") or {}
+            raise ControlError(str(message.get("error") or "the daemon reported an error"))
+    except TimeoutError as exc:
+        raise ControlTimeout(f"timed out after {timeout or 0:g} s", last_progress) from exc
+    except OSError as exc:
+        if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise ControlError(f"the lakefs-mount daemon serving {target} dropped the "
+                               f"connection (did it crash? see its log)") from exc
+        raise ControlError(f"control socket {socket_path}: {exc.strerror or exc}") from exc
+    finally:
+        sock.close()

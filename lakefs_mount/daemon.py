@@ -1,0 +1,267 @@
+"""The mount daemon: wires store, journal, cache, flusher, FUSE and the control socket.
+
+`run_mount` is called by the CLI in the (possibly daemonized) mount process. It reports
+readiness exactly once: None when the mount is usable, or a message saying why not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.cache.recovery import recover
+from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
+from lakefs_mount.control import serve_control
+from lakefs_mount.fs import FileSystem
+from lakefs_mount.fuse_ops import FuseOperations
+from lakefs_mount.layout import PartMap
+from lakefs_mount.namespace import Namespace
+from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.uring import open_engine
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_BUCKET = "lakefs-mount"
+JOURNAL_NAME = "journal.db"
+
+
+class StartupError(Exception):
+    pass
+
+
+def _lock_cache_dir(cache_dir: Path, stack: ExitStack) -> None:
+    """One daemon per cache directory: two would upload each other's journal rows."""
+    fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StartupError(f"cache directory {cache_dir} is in use by another lakefs-mount "
+                           "daemon; give this mount its own --cache-dir") from None
+
+
+def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
+    from lakefs_mount.s3store import S3ObjectStore
+
+    if config.bucket is None:
+        from lakefs_mount.embedded import EmbeddedS3
+
+        state = config.embedded_dir or default_embedded_dir()
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        server = EmbeddedS3(state)
+        server.start()
+        stack.callback(server.stop)
+        store: ObjectStore = S3ObjectStore(EMBEDDED_BUCKET, endpoint_url=server.endpoint_url,
+                                           access_key="embedded", secret_key="embedded")
+        server.create_bucket(EMBEDDED_BUCKET)
+        config.bucket = EMBEDDED_BUCKET
+        config.endpoint_url = server.endpoint_url
+        log.info("embedded SeaweedFS serves s3://%s at %s (data in %s)",
+                 EMBEDDED_BUCKET, server.endpoint_url, state)
+    else:
+        store = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
+                              region=config.region, profile=config.profile,
+                              max_pool=max(32, config.upload_concurrency * 2))
+    store.check_bucket()
+    return store
+
+
+class Daemon:
+    """Everything of one mount that lives in the trio loop."""
+
+    def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
+        self.config = config
+        self.metrics = m.Metrics()
+        self.store = AsyncStore(store, self.metrics,
+                                max_threads=max(16, config.upload_concurrency * 2))
+        self.journal = AsyncJournal(journal)
+        self.parts = PartMap(config.part_size)
+        self.started = time.time()
+        self.engine_name = "?"
+        self.terminated = False  # by a signal: the kernel mount is still there
+        self.flush_on_exit = True
+
+    async def run(self, report_ready: Callable[[str | None], None]) -> None:
+        config = self.config
+        async with open_engine(config.io_engine) as engine:
+            self.engine_name = engine.name
+            self.cache = CacheManager(config.resolved_cache_dir(), engine, self.journal,
+                                      self.store, self.parts, self.metrics,
+                                      max_dirty=config.max_dirty)
+            self.flusher = Flusher(self.cache, config.upload_concurrency)
+            owner = (os.getuid(), os.getgid())
+            self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
+            self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
+                                 fsync_remote=config.fsync_mode == "remote")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.flusher.run)
+                files, _ = await recover(self.cache)
+                for cf in files:
+                    self.ns.attach_path(cf.key[len(config.prefix):], cf)
+                    self.flusher.request_commit(cf)
+                socket_path = control_socket_path(config.mountpoint)  # before the mount exists
+                self._fuse_init()
+                try:
+                    await nursery.start(serve_control, socket_path, self)
+                    nursery.start_soon(self._signals)
+                    log.info("mounted s3://%s/%s at %s (io engine: %s)", config.bucket,
+                             config.prefix, config.mountpoint, engine.name)
+                    report_ready(None)
+                    await pyfuse3.main()
+                finally:
+                    pyfuse3.close(unmount=self.terminated)
+                log.info("unmounted %s", config.mountpoint)
+                await self._final_flush()
+                nursery.cancel_scope.cancel()
+
+    def _fuse_init(self) -> None:
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=lakefs-mount", "subtype=lakefs"}
+        if self.config.allow_other:
+            options.add("allow_other")
+        if self.config.read_only:
+            options.add("ro")
+        pyfuse3.init(FuseOperations(self.fs), str(self.config.mountpoint), options)
+
+    async def _final_flush(self) -> None:
+        """After the kernel let go: commit what is left unless told not to wait."""
+        pending = self.fs.pending_files(None)
+        if not pending or not self.flush_on_exit:
+            return
+        log.info("committing %d file(s) before exit", len(pending))
+        try:
+            await self.fs.flush_files(pending)
+        except Exception as exc:
+            log.error("not everything reached S3 (%s); the next mount with this cache "
+                      "directory uploads the rest", exc)
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal %d: unmounting", signum)
+                self.terminated = True
+                pyfuse3.terminate()
+
+    # -- control socket -----------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        cache = self.cache
+        pending = self.fs.pending_files(None)
+        return {
+            "mountpoint": str(self.config.mountpoint),
+            "bucket": self.config.bucket,
+            "prefix": self.config.prefix,
+            "endpoint": self.config.endpoint_url or "AWS S3",
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "io_engine": self.engine_name,
+            "dirty_bytes": cache.dirty_bytes,
+            "max_dirty": cache.max_dirty,
+            "files_pending": len(pending),
+            "cache_dir": str(self.config.resolved_cache_dir()),
+            "cache_size": self.config.cache_size,
+            "cache_used": _disk_usage(cache.data_dir),
+            "errors_now": [cf.last_error for cf in pending if cf.error_streak][:5],
+            **self.flusher.status(),
+            "counters": dict(self.metrics),
+        }
+
+    async def flush(self, path: str | None,
+                    progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+        files = self.fs.pending_files(path)
+        started = time.monotonic()
+
+        async def report(p: Any) -> None:
+            await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
+                            "last_error": p.last_error})
+
+        await self.fs.flush_files(files, on_progress=report)
+        return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
+
+    async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
+        if flush:
+            await self.flush(None, _no_progress)
+        else:
+            self.flush_on_exit = False
+        return {"pid": os.getpid()}
+
+
+async def _no_progress(_: dict) -> None:
+    return None
+
+
+def _disk_usage(directory: Path) -> int:
+    total = 0
+    with os.scandir(directory) as it:
+        for e in it:
+            try:
+                total += e.stat().st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -> int:
+    """Mount and serve until unmounted; returns the process exit code."""
+    reported = False
+
+    def ready_once(error: str | None) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            report_ready(error)
+
+    with ExitStack() as stack:
+        try:
+            cache_dir = config.resolved_cache_dir()
+            cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(cache_dir, 0o700)
+            _lock_cache_dir(cache_dir, stack)
+            PartMap(config.part_size)
+            store = _open_store(config, stack)
+            journal = Journal(cache_dir / JOURNAL_NAME)
+            stack.callback(journal.close)
+            _check_journal_matches(journal, config)
+        except (StartupError, ObjectStoreError, ValueError, OSError) as exc:
+            log.error("mount failed: %s", exc)
+            ready_once(str(exc))
+            return 1
+        daemon = Daemon(config, store, journal)
+        try:
+            trio.run(daemon.run, ready_once)
+        except BaseException as exc:
+            log.exception("daemon failed")
+            ready_once(f"mount failed: {exc}")
+            return 1
+    return 0
+
+
+def _check_journal_matches(journal: Journal, config: MountConfig) -> None:
+    """A cache directory belongs to one bucket/prefix/part size; never mix them."""
+    identity = {"bucket": config.bucket or "", "prefix": config.prefix,
+                "part_size": str(config.part_size)}
+    recorded = {k: journal.get_meta(k) for k in identity}
+    if all(v is None for v in recorded.values()):
+        for k, v in identity.items():
+            journal.set_meta(k, v)
+        return
+    if config.bucket is not None and recorded != identity:
+        raise StartupError(
+            f"cache directory {config.resolved_cache_dir()} belongs to "
+            f"s3://{recorded['bucket']}/{recorded['prefix']} with part size "
+            f"{recorded['part_size']}; use another --cache-dir for this mount")

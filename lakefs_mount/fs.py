@@ -1,0 +1,507 @@
+"""The filesystem core: POSIX operations on inodes, without the kernel.
+
+`fuse_ops.py` is a thin pyfuse3 adapter over this class, and tests may drive it directly.
+Errors are `FSError(errno)`. Content goes through the cache; namespace changes of
+committed objects (mkdir markers, unlink, rename) are done in S3 before they return.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.layout import encode_attrs
+from lakefs_mount.namespace import ROOT_INO, Inode, Kind, Namespace, valid_name
+from lakefs_mount.objectstore import ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+BLOCK_SIZE = 4096
+
+
+class FSError(Exception):
+    def __init__(self, err: int, message: str = "") -> None:
+        super().__init__(message or os.strerror(err))
+        self.errno = err
+
+
+@dataclass(frozen=True)
+class Attr:
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    blocks: int
+
+
+@dataclass
+class Handle:
+    inode: Inode
+    writable: bool
+    append: bool
+
+
+@asynccontextmanager
+async def s3_errors(what: str) -> AsyncIterator[None]:
+    """A failed S3 call in a namespace operation becomes EIO, with the reason logged."""
+    try:
+        yield
+    except ObjectStoreError as exc:
+        log.error("%s failed: %s", what, exc)
+        raise FSError(errno.EIO, str(exc)) from exc
+
+
+class FileSystem:
+    def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, *,
+                 read_only: bool = False, fsync_remote: bool = False) -> None:
+        self.ns = ns
+        self.cache = cache
+        self.flusher = flusher
+        self.store = cache.store
+        self.read_only = read_only
+        self.fsync_remote = fsync_remote
+        self._handles: dict[int, Handle] = {}
+        self._dir_handles: dict[int, list[tuple[str, int]]] = {}
+        self._next_fh = 1
+        self._copy_limiter = trio.CapacityLimiter(16)
+
+    # -- attributes -------------------------------------------------------------------
+
+    def attr(self, inode: Inode) -> Attr:
+        size = inode.size
+        mtime = inode.mtime_ns
+        return Attr(ino=inode.ino, mode=inode.mode, nlink=2 if inode.is_dir else 1,
+                    uid=inode.uid, gid=inode.gid, size=size, mtime_ns=mtime,
+                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512)
+
+    def _inode(self, ino: int) -> Inode:
+        try:
+            return self.ns.get(ino)
+        except KeyError:
+            raise FSError(errno.ENOENT) from None
+
+    def _writable_fs(self) -> None:
+        if self.read_only:
+            raise FSError(errno.EROFS)
+
+    async def _child(self, parent: Inode, name: str) -> Inode | None:
+        if not parent.is_dir:
+            raise FSError(errno.ENOTDIR)
+        if len(os.fsencode(name)) > 255:
+            raise FSError(errno.ENAMETOOLONG)
+        existing = self.ns.child(parent, name)
+        if existing is not None and (existing.file is None or existing.file.pending):
+            return existing
+        async with s3_errors(f"listing {self.ns.key_of(parent)}"):
+            await self.ns.ensure_listed(parent)
+            child = self.ns.child(parent, name)
+            if child is not None:
+                await self.ns.ensure_headed(child)
+        return child
+
+    async def lookup(self, parent_ino: int, name: str) -> Attr:
+        parent = self._inode(parent_ino)
+        if name == ".":
+            child: Inode | None = parent
+        elif name == "..":
+            child = self.ns.get(parent.parent)
+        else:
+            child = await self._child(parent, name)
+        if child is None:
+            raise FSError(errno.ENOENT)
+        child.lookups += 1
+        return self.attr(child)
+
+    def forget(self, ino: int, count: int) -> None:
+        self.ns.forget(ino, count)
+
+    async def getattr(self, ino: int) -> Attr:
+        inode = self._inode(ino)
+        if not inode.headed:
+            async with s3_errors(f"HEAD {self.ns.key_of(inode)}"):
+                await self.ns.ensure_headed(inode)
+        return self.attr(inode)
+
+    async def setattr(self, ino: int, *, size: int | None = None, mode: int | None = None,
+                      uid: int | None = None, gid: int | None = None,
+                      mtime_ns: int | None = None) -> Attr:
+        self._writable_fs()
+        inode = self._inode(ino)
+        await self.getattr(ino)
+        if mode is not None:
+            mode = (inode.mode & ~0o7777) | (mode & 0o7777)
+        if inode.file is None:  # a directory: its marker object carries the attributes
+            inode.set_attrs(mode, uid, gid, mtime_ns)
+            if inode.ino != ROOT_INO:
+                await self._put_dir_marker(inode)
+            return self.attr(inode)
+        cf = inode.file
+        if size is not None:
+            if inode.kind is not Kind.FILE:
+                raise FSError(errno.EINVAL)
+            await self.cache.truncate(cf, size)
+            if mtime_ns is None:
+                mtime_ns = time.time_ns()
+        inode.set_attrs(mode, uid, gid, mtime_ns)
+        await self.cache.save_attrs(cf)
+        if cf.writers == 0:
+            self.flusher.request_commit(cf)
+        return self.attr(inode)
+
+    # -- directories ------------------------------------------------------------------
+
+    async def _put_dir_marker(self, inode: Inode) -> None:
+        key = self.ns.key_of(inode)
+        meta = encode_attrs(inode.mode, inode.uid, inode.gid, inode.mtime_ns)
+        async with s3_errors(f"PUT {key}"):
+            await self.store.call(self.store.sync.put, key, b"", meta)
+
+    async def _new_name(self, parent_ino: int, name: str) -> Inode:
+        """The parent of a name about to be created; EEXIST if it is taken."""
+        self._writable_fs()
+        parent = self._inode(parent_ino)
+        if not valid_name(name):
+            raise FSError(errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL)
+        if await self._child(parent, name) is not None:
+            raise FSError(errno.EEXIST)
+        return parent
+
+    async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
+        parent = await self._new_name(parent_ino, name)
+        now = time.time_ns()
+        inode = self.ns.add(parent, name, Kind.DIR, dir_mode=stat.S_IFDIR | (mode & 0o7777),
+                            dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
+        inode.listed_at = time.monotonic()  # a new directory is known to be empty
+        try:
+            await self._put_dir_marker(inode)
+        except FSError:
+            self.ns.detach(inode)
+            raise
+        parent.dir_mtime_ns = now
+        inode.lookups += 1
+        return self.attr(inode)
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        self._writable_fs()
+        parent = self._inode(parent_ino)
+        inode = await self._child(parent, name)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        if not inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        async with s3_errors(f"listing {self.ns.key_of(inode)}"):
+            await self.ns.ensure_listed(inode, force=True)
+        if inode.children:
+            raise FSError(errno.ENOTEMPTY)
+        async with s3_errors(f"DELETE {self.ns.key_of(inode)}"):
+            await self.store.delete(self.ns.key_of(inode))
+        self.ns.detach(inode)
+        parent.dir_mtime_ns = time.time_ns()
+
+    async def opendir(self, ino: int) -> int:
+        inode = self._inode(ino)
+        if not inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        async with s3_errors(f"listing {self.ns.key_of(inode)}"):
+            await self.ns.ensure_listed(inode)
+        fh = self._new_fh()
+        self._dir_handles[fh] = sorted(inode.children.items(), key=lambda kv: kv[1])
+        return fh
+
+    def readdir(self, fh: int, start: int) -> list[tuple[str, Attr, int]]:
+        """Entries from index `start` on, each with the index to resume after it."""
+        entries = self._dir_handles.get(fh, [])
+        out = []
+        for i in range(start, len(entries)):
+            name, ino = entries[i]
+            inode = self.ns.inodes.get(ino)
+            if inode is not None:
+                out.append((name, self.attr(inode), i + 1))
+        return out
+
+    def note_lookup(self, ino: int) -> None:
+        """The kernel took a reference to an inode (readdirplus)."""
+        inode = self.ns.inodes.get(ino)
+        if inode is not None:
+            inode.lookups += 1
+
+    def releasedir(self, fh: int) -> None:
+        self._dir_handles.pop(fh, None)
+
+    # -- names of files ---------------------------------------------------------------
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        self._writable_fs()
+        parent = self._inode(parent_ino)
+        inode = await self._child(parent, name)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        if inode.is_dir:
+            raise FSError(errno.EISDIR)
+        cf = inode.file
+        assert cf is not None
+        async with cf.commit_lock:
+            if cf.base_key is not None:
+                async with s3_errors(f"DELETE {cf.base_key}"):
+                    await self.store.delete(cf.base_key)
+            await self.cache.discard(cf)
+        self.ns.detach(inode)
+        parent.dir_mtime_ns = time.time_ns()
+        if cf.openers == 0:
+            self.cache.close_file(cf)
+
+    async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
+        parent = await self._new_name(parent_ino, name)
+        key = self.ns.key_of(parent) + name
+        cf = CachedFile(key=key, size=0, mode=stat.S_IFLNK | 0o777, uid=uid, gid=gid,
+                        mtime_ns=time.time_ns(), symlink=target)
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
+        inode.lookups += 1
+        self.flusher.request_commit(cf)
+        return self.attr(inode)
+
+    async def readlink(self, ino: int) -> str:
+        inode = self._inode(ino)
+        await self.getattr(ino)
+        cf = inode.file
+        if inode.kind is not Kind.SYMLINK or cf is None:
+            raise FSError(errno.EINVAL)
+        if cf.symlink is None:
+            assert cf.base_key is not None
+            async with s3_errors(f"GET {cf.base_key}"):
+                body = await self.store.get_range(cf.base_key, 0, max(cf.base_size, 1))
+            cf.symlink = body.decode(errors="surrogateescape")
+        return cf.symlink
+
+    async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,
+                     flags: int) -> None:
+        self._writable_fs()
+        if flags & RENAME_EXCHANGE:
+            raise FSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        src_parent, dst_parent = self._inode(parent_old), self._inode(parent_new)
+        inode = await self._child(src_parent, name_old)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        if not valid_name(name_new):
+            raise FSError(errno.EINVAL)
+        if inode.is_dir and self._is_within(dst_parent, inode):
+            raise FSError(errno.EINVAL)  # a directory cannot move into itself
+        target = await self._child(dst_parent, name_new)
+        if target is inode:
+            return
+        if target is not None:
+            if flags & RENAME_NOREPLACE:
+                raise FSError(errno.EEXIST)
+            await self._drop_rename_target(inode, target)
+        if inode.is_dir:
+            await self._rename_dir(inode, dst_parent, name_new)
+        else:
+            await self._rename_file(inode, dst_parent, name_new)
+        now = time.time_ns()
+        src_parent.dir_mtime_ns = dst_parent.dir_mtime_ns = now
+
+    def _is_within(self, node: Inode, ancestor: Inode) -> bool:
+        while True:
+            if node.ino == ancestor.ino:
+                return True
+            if node.ino == ROOT_INO:
+                return False
+            node = self.ns.get(node.parent)
+
+    async def _drop_rename_target(self, inode: Inode, target: Inode) -> None:
+        """Rename onto an existing name: the source's commit overwrites the target object."""
+        if target.is_dir:
+            if not inode.is_dir:
+                raise FSError(errno.EISDIR)
+            async with s3_errors(f"listing {self.ns.key_of(target)}"):
+                await self.ns.ensure_listed(target, force=True)
+            if target.children:
+                raise FSError(errno.ENOTEMPTY)
+            async with s3_errors(f"DELETE {self.ns.key_of(target)}"):
+                await self.store.delete(self.ns.key_of(target))
+        else:
+            if inode.is_dir:
+                raise FSError(errno.ENOTDIR)
+            cf = target.file
+            assert cf is not None
+            async with cf.commit_lock:
+                await self.cache.discard(cf)
+            if cf.openers == 0:
+                self.cache.close_file(cf)
+        self.ns.detach(target)
+
+    async def _move_object(self, src: str, dst: str) -> None:
+        async with self._copy_limiter, s3_errors(f"rename {src} -> {dst}"):
+            await self.store.copy(src, dst, None)
+            await self.store.delete(src)
+
+    async def _rename_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+        cf = inode.file
+        assert cf is not None
+        new_key = self.ns.key_of(dst_parent) + name
+        async with cf.commit_lock:
+            base = cf.base_key
+            if base is not None:
+                await self._move_object(base, new_key)  # data already in S3 moves server-side
+                base = new_key
+            await self.cache.rekey(cf, new_key, base)  # data not yet in S3: a journal update
+        self.ns.move(inode, dst_parent, name)
+
+    async def _rename_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+        old_prefix = self.ns.key_of(inode)
+        new_prefix = self.ns.key_of(dst_parent) + name + "/"
+        files = [d.file for d in self.ns.descendants(inode) if d.file is not None]
+        async with s3_errors(f"listing {old_prefix}"):
+            objects = await self.store.list_recursive(old_prefix)
+        locks = [cf.commit_lock for cf in files]
+        for lock in locks:
+            await lock.acquire()
+        try:
+            async with trio.open_nursery() as nursery:
+                for obj in objects:
+                    nursery.start_soon(self._move_object, obj.key,
+                                       new_prefix + obj.key[len(old_prefix):])
+            self.ns.move(inode, dst_parent, name)
+            for cf in files:
+                base = cf.base_key
+                if base is not None and base.startswith(old_prefix):
+                    base = new_prefix + base[len(old_prefix):]
+                await self.cache.rekey(cf, new_prefix + cf.key[len(old_prefix):], base)
+        finally:
+            for lock in locks:
+                lock.release()
+        if not any(o.key == old_prefix for o in objects):
+            await self._put_dir_marker(inode)
+
+    async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
+        raise FSError(errno.EPERM, "hard links are not supported")
+
+    # -- open files -------------------------------------------------------------------
+
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise FSError(errno.EBADF) from None
+
+    async def open(self, ino: int, flags: int) -> int:
+        inode = self._inode(ino)
+        await self.getattr(ino)
+        if inode.is_dir:
+            raise FSError(errno.EISDIR)
+        cf = inode.file
+        assert cf is not None
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if writable:
+            self._writable_fs()
+        cf.openers += 1
+        if writable:
+            cf.writers += 1
+        fh = self._new_fh()
+        self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND))
+        if writable and flags & os.O_TRUNC and cf.size:
+            await self.cache.truncate(cf, 0)
+            cf.mtime_ns = time.time_ns()
+        return fh
+
+    async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
+                     gid: int) -> tuple[int, Attr]:
+        parent = await self._new_name(parent_ino, name)
+        cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
+                        mode=stat.S_IFREG | (mode & 0o7777), uid=uid, gid=gid,
+                        mtime_ns=time.time_ns())
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, Kind.FILE, file=cf)
+        inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
+        cf.openers += 1
+        cf.writers += 1
+        fh = self._new_fh()
+        self._handles[fh] = Handle(inode, True, bool(flags & os.O_APPEND))
+        return fh, self.attr(inode)
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        cf = self._handle(fh).inode.file
+        assert cf is not None
+        async with s3_errors(f"reading {cf.key}"):
+            return await self.cache.read(cf, offset, size)
+
+    async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise FSError(errno.EBADF)
+        cf = handle.inode.file
+        assert cf is not None
+        if handle.append:
+            offset = cf.size
+        async with s3_errors(f"writing {cf.key}"):
+            written = await self.cache.write(cf, offset, data)
+        cf.mtime_ns = time.time_ns()
+        return written
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        cf = self._handle(fh).inode.file
+        assert cf is not None
+        await self.cache.fsync(cf, datasync)
+        if self.fsync_remote:
+            await self.flush_files([cf])
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        cf = handle.inode.file
+        assert cf is not None
+        cf.openers -= 1
+        if handle.writable:
+            cf.writers -= 1
+            if cf.writers == 0:
+                self.flusher.request_commit(cf)
+        if cf.openers == 0 and cf.unlinked:
+            self.cache.close_file(cf)
+
+    # -- flush and status ---------------------------------------------------------------
+
+    def pending_files(self, path: str | None) -> list[CachedFile]:
+        """Files with uncommitted data at or under `path` (relative to the mount root)."""
+        key = self.ns.prefix + path.strip("/") if path else None
+        out = []
+        for cf in list(self.cache.files.values()):
+            if not cf.pending or cf.unlinked:
+                continue
+            if key is None or cf.key == key or cf.key.startswith(key.rstrip("/") + "/"):
+                out.append(cf)
+        return out
+
+    async def flush_files(self, files: list[CachedFile],
+                          on_progress: Callable[[object], Awaitable[None]] | None = None) -> None:
+        await self.flusher.flush(files, on_progress=on_progress)
+
+    def statfs(self) -> dict[str, int]:
+        total = 1 << 50
+        return {"bsize": BLOCK_SIZE, "blocks": total // BLOCK_SIZE,
+                "bfree": total // BLOCK_SIZE, "files": 1 << 32, "ffree": 1 << 32,
+                "namemax": 255}

@@ -1,0 +1,166 @@
+"""pyfuse3 adapter: translates kernel requests into `FileSystem` calls, nothing more."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from lakefs_mount.fs import Attr, FileSystem, FSError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ATTR_TIMEOUT = 1.0
+BLKSIZE = 128 * 1024
+
+
+def entry(attr: Attr) -> pyfuse3.EntryAttributes:
+    e = pyfuse3.EntryAttributes()
+    e.st_ino = attr.ino
+    e.generation = 0
+    e.entry_timeout = ATTR_TIMEOUT
+    e.attr_timeout = ATTR_TIMEOUT
+    e.st_mode = attr.mode
+    e.st_nlink = attr.nlink
+    e.st_uid = attr.uid
+    e.st_gid = attr.gid
+    e.st_rdev = 0
+    e.st_size = attr.size
+    e.st_blksize = BLKSIZE
+    e.st_blocks = attr.blocks
+    e.st_atime_ns = attr.mtime_ns
+    e.st_mtime_ns = attr.mtime_ns
+    e.st_ctime_ns = attr.ctime_ns
+    return e
+
+
+async def _call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    try:
+        return await fn(*args)
+    except FSError as exc:
+        raise pyfuse3.FUSEError(exc.errno) from None
+    except pyfuse3.FUSEError:
+        raise
+    except Exception:
+        log.exception("internal error in %s", getattr(fn, "__name__", fn))
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
+def _name(raw: bytes) -> str:
+    return os.fsdecode(raw)
+
+
+class FuseOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: FileSystem) -> None:
+        super().__init__()
+        self.fs = fs
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        return entry(await _call(self.fs.lookup, parent_inode, _name(name)))
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, count in inode_list:
+            self.fs.forget(ino, count)
+
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        return entry(await _call(self.fs.getattr, inode))
+
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
+        async def apply() -> Attr:
+            return await self.fs.setattr(
+                inode,
+                size=attr.st_size if fields.update_size else None,
+                mode=attr.st_mode if fields.update_mode else None,
+                uid=attr.st_uid if fields.update_uid else None,
+                gid=attr.st_gid if fields.update_gid else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None)
+
+        return entry(await _call(apply))
+
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return os.fsencode(await _call(self.fs.readlink, inode))
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        return entry(await _call(self.fs.mkdir, parent_inode, _name(name), mode, ctx.uid,
+                                 ctx.gid))
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await _call(self.fs.unlink, parent_inode, _name(name))
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await _call(self.fs.rmdir, parent_inode, _name(name))
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        return entry(await _call(self.fs.symlink, parent_inode, _name(name),
+                                 os.fsdecode(target), ctx.uid, ctx.gid))
+
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        await _call(self.fs.rename, parent_inode_old, _name(name_old), parent_inode_new,
+                    _name(name_new), flags)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        return entry(await _call(self.fs.link, inode, new_parent_inode, _name(new_name)))
+
+    async def open(self, inode: int, flags: int, ctx: Any) -> Any:
+        fh = await _call(self.fs.open, inode, flags)
+        return pyfuse3.FileInfo(fh=fh)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> Any:
+        fh, attr = await _call(self.fs.create, parent_inode, _name(name), mode, flags, ctx.uid,
+                               ctx.gid)
+        return pyfuse3.FileInfo(fh=fh), entry(attr)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await _call(self.fs.read, fh, off, size)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await _call(self.fs.write, fh, off, buf)
+
+    async def flush(self, fh: int) -> None:
+        pass
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await _call(self.fs.fsync, fh, datasync)
+
+    async def release(self, fh: int) -> None:
+        await _call(self.fs.release, fh)
+
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        return await _call(self.fs.opendir, inode)
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        for name, attr, next_id in self.fs.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), entry(attr), next_id):
+                return
+            self.fs.note_lookup(attr.ino)
+
+    async def releasedir(self, fh: int) -> None:
+        self.fs.releasedir(fh)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        pass
+
+    async def statfs(self, ctx: Any) -> Any:
+        info = self.fs.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = info["bsize"]
+        s.f_blocks = info["blocks"]
+        s.f_bfree = s.f_bavail = info["bfree"]
+        s.f_files = info["files"]
+        s.f_ffree = s.f_favail = info["ffree"]
+        s.f_namemax = info["namemax"]
+        return s

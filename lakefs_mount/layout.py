@@ -1,0 +1,119 @@
+"""How files map onto S3: keys, attribute metadata and the fixed offset-to-part mapping.
+
+Every object is a plain S3 object at `prefix + relative path`, readable by any S3 tool.
+The part mapping is a pure function of the offset so that a random write always knows
+its part, and a file of up to 5 TiB fits in S3's 10,000 parts.
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+MAX_PARTS = 10_000
+PARTS_PER_TIER = 1_000  # tier k holds 1,000 parts of part_size * 2**k
+MAX_OBJECT_SIZE = 5 * 1024 * 1024 * MiB
+MIN_PART_SIZE = 8 * MiB
+MAX_PART_SIZE = 512 * MiB
+
+# User metadata names shared with s3fs and rclone, so other mounts show the same modes.
+META_MODE = "mode"
+META_UID = "uid"
+META_GID = "gid"
+META_MTIME = "mtime"
+META_SYMLINK = "symlink"  # "1" marks an object whose body is a symlink target
+
+
+@dataclass(frozen=True)
+class PartMap:
+    """Chunk i of a file is part i+1 of its multipart upload; chunks grow by tiers.
+
+    With 16 MiB parts the first 15.6 GiB use 16 MiB chunks, the next 31 GiB 32 MiB, and
+    so on; 5 TiB needs about 7,700 parts, and no part exceeds 4 GiB.
+    """
+
+    part_size: int
+
+    def __post_init__(self) -> None:
+        if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE or self.part_size % MiB:
+            raise ValueError("part size must be a whole number of MiB between 8 MiB and 512 MiB")
+
+    def _tier_bytes(self, tier: int) -> int:
+        return PARTS_PER_TIER * (self.part_size << tier)
+
+    def chunk_of(self, offset: int) -> int:
+        """Index of the chunk holding byte `offset`."""
+        base = 0
+        for tier in range(MAX_PARTS // PARTS_PER_TIER):
+            span = self._tier_bytes(tier)
+            if offset < base + span:
+                return tier * PARTS_PER_TIER + (offset - base) // (self.part_size << tier)
+            base += span
+        raise ValueError(f"offset {offset} is beyond the largest S3 object")
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        """[start, end) of chunk `index`."""
+        tier, within = divmod(index, PARTS_PER_TIER)
+        if tier >= MAX_PARTS // PARTS_PER_TIER:
+            raise ValueError(f"chunk {index} is beyond S3's {MAX_PARTS} parts")
+        start = sum(self._tier_bytes(t) for t in range(tier))
+        size = self.part_size << tier
+        start += within * size
+        return start, start + size
+
+    def chunk_count(self, size: int) -> int:
+        """How many chunks a file of `size` bytes spans (0 for an empty file)."""
+        return 0 if size <= 0 else self.chunk_of(size - 1) + 1
+
+    def chunks_between(self, start: int, end: int) -> range:
+        """Chunk indices touched by bytes [start, end)."""
+        if end <= start:
+            return range(0)
+        return range(self.chunk_of(start), self.chunk_of(end - 1) + 1)
+
+
+def key_for(prefix: str, path: str) -> str:
+    """S3 key of the file at `path` (relative to the mount root, no leading slash)."""
+    return prefix + path
+
+
+def dir_marker_key(prefix: str, path: str) -> str:
+    return prefix + path + "/" if path else prefix
+
+
+def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int) -> dict[str, str]:
+    return {
+        META_MODE: str(mode),
+        META_UID: str(uid),
+        META_GID: str(gid),
+        META_MTIME: f"{mtime_ns / 1e9:.9f}",
+    }
+
+
+@dataclass(frozen=True)
+class DecodedAttrs:
+    mode: int | None
+    uid: int | None
+    gid: int | None
+    mtime_ns: int | None
+    is_symlink: bool
+
+
+def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
+    """Attributes from user metadata; absent or malformed values become None (defaults)."""
+
+    def as_int(name: str) -> int | None:
+        try:
+            return int(meta[name])
+        except (KeyError, ValueError):
+            return None
+
+    mtime_ns: int | None
+    try:
+        mtime_ns = int(float(meta[META_MTIME]) * 1e9)
+    except (KeyError, ValueError):
+        mtime_ns = None
+    mode = as_int(META_MODE)
+    is_link = meta.get(META_SYMLINK) == "1" or (mode is not None and stat.S_ISLNK(mode))
+    return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link)

@@ -1,0 +1,121 @@
+"""Logging for the CLI and the daemon, with credentials scrubbed from every line.
+
+Why a redacting filter: botocore at DEBUG, exception messages and config dumps can all
+carry access keys or signatures, and log files get pasted into bug reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MASK = "***"
+SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_NOISY = ("botocore", "boto3", "s3transfer", "urllib3")
+
+_KEY_NAMES = (r"aws_secret_access_key|aws_access_key_id|aws_session_token|"
+              r"secret_access_key|secretaccesskey|access_key_id|accesskeyid|"
+              r"secret_key|access_key|session_token|sessiontoken|password|"
+              r"x-amz-security-token|x-amz-credential|x-amz-signature|credential|signature")
+_PATTERNS = [
+    # key = value, key: value, 'key': 'value', KEY="value", Credential=AKIA.../...
+    re.compile(r"(?i)(\b(?:" + _KEY_NAMES + r")['\"]?\s*[=:]\s*['\"]?)([^\s'\",;&}]+)"),
+    # access key ids: AKIA / ASIA + 16 upper-case alphanumerics
+    re.compile(r"()\b((?:AKIA|ASIA|AROA|AIDA)[A-Z0-9]{16})\b"),
+]
+# 40-character AWS secret keys standing alone; demanding mixed case and a digit keeps
+# hex digests (lower-case only) and ordinary words out.
+_SECRET40 = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+
+_extra_secrets: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub this literal value from all future log lines (e.g. embedded-server keys)."""
+    if value and len(value) >= 4:
+        _extra_secrets.add(value)
+
+
+def _looks_like_secret(s: str) -> bool:
+    return (any(c.isupper() for c in s) and any(c.islower() for c in s)
+            and any(c.isdigit() for c in s))
+
+
+def redact(text: str) -> str:
+    """`text` with every credential-looking value replaced by ***."""
+    literals = set(_extra_secrets)
+    for name in SECRET_ENV_VARS:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            literals.add(value)
+    for literal in sorted(literals, key=len, reverse=True):
+        text = text.replace(literal, MASK)
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + MASK, text)
+    return _SECRET40.sub(lambda m: MASK if _looks_like_secret(m.group(0)) else m.group(0), text)
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record's message (and traceback text) with `redact`; never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken %-format must not lose the line
+            message = f"{record.msg!r} {record.args!r}"
+        clean = redact(message)
+        if clean != message or record.args:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+def open_log_file(log_file: Path) -> None:
+    """Create the log file (and its directory) private to the owner: 0600 in 0700."""
+    log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def setup_logging(level: str, log_file: Path | None, foreground: bool) -> None:
+    """Configure the root logger: stderr when in the foreground, plus `log_file` if given.
+
+    Calling it again replaces the handlers it installed before.
+    """
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_lakefs_mount", False):
+            root.removeHandler(handler)
+            handler.close()
+    handlers: list[logging.Handler] = []
+    if foreground:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    if log_file is not None:
+        open_log_file(log_file)
+        handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
+    formatter = logging.Formatter(FORMAT)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.addFilter(RedactingFilter())
+        handler._lakefs_mount = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(numeric)
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.DEBUG if numeric <= logging.DEBUG
+                                          else logging.WARNING)
+    logging.captureWarnings(True)

@@ -1,0 +1,28 @@
+"""All metric names in one place: `status`, logs and tests use the same names."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+BYTES_UPLOADED = "bytes_uploaded"
+BYTES_DOWNLOADED = "bytes_downloaded"
+PARTS_UPLOADED = "parts_uploaded"
+PARTS_COPIED = "parts_copied"  # UploadPartCopy: unchanged ranges reused server-side
+OBJECTS_PUT = "objects_put"
+UPLOADS_COMPLETED = "uploads_completed"
+SERVER_SIDE_COPIES = "server_side_copies"  # CopyObject of a whole object (rename, chmod)
+GETS = "gets"  # ranged GETs issued to fill the cache
+HEADS = "heads"
+LISTS = "lists"
+DELETES = "deletes"
+RETRIES = "retries"
+ERRORS = "errors"
+FILES_COMMITTED = "files_committed"
+ORPHAN_UPLOADS_ABORTED = "orphan_uploads_aborted"
+RECOVERED_FILES = "recovered_files"
+CACHE_EVICTIONS = "cache_evictions"
+WRITER_WAITS = "writer_waits"  # writes that waited for --max-dirty backpressure
+
+
+class Metrics(Counter[str]):
+    """Monotonic counters of the daemon, keyed by the names above."""

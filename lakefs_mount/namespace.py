@@ -1,0 +1,290 @@
+"""Inodes and their names: the tree the kernel sees, merged from S3 listings and the cache.
+
+Inode numbers are handed out once and stay with a file for the life of the mount, also
+across renames. A directory's listing comes from S3 (cached for the metadata TTL) merged
+with what exists only in the cache (files not yet committed).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.layout import decode_attrs
+from lakefs_mount.objectstore import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+ROOT_INO = 1
+DEFAULT_FILE_MODE = stat.S_IFREG | 0o644
+DEFAULT_DIR_MODE = stat.S_IFDIR | 0o755
+
+
+class Kind(enum.Enum):
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+
+
+@dataclass(eq=False)
+class Inode:
+    ino: int
+    kind: Kind
+    parent: int
+    name: str
+    file: CachedFile | None = None  # content and attributes of files and symlinks
+    dir_mode: int = DEFAULT_DIR_MODE
+    dir_uid: int = 0
+    dir_gid: int = 0
+    dir_mtime_ns: int = 0
+    children: dict[str, int] = field(default_factory=dict)
+    listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
+    headed: bool = True  # False: attributes are listing defaults until a HEAD
+    lookups: int = 0
+    ctime_ns: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind is Kind.DIR
+
+    @property
+    def mode(self) -> int:
+        return self.file.mode if self.file is not None else self.dir_mode
+
+    @property
+    def uid(self) -> int:
+        return self.file.uid if self.file is not None else self.dir_uid
+
+    @property
+    def gid(self) -> int:
+        return self.file.gid if self.file is not None else self.dir_gid
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.file.mtime_ns if self.file is not None else self.dir_mtime_ns
+
+    @property
+    def size(self) -> int:
+        if self.file is None:
+            return 0
+        if self.file.symlink is not None:
+            return len(self.file.symlink.encode())
+        return self.file.size
+
+    def set_attrs(self, mode: int | None = None, uid: int | None = None,
+                  gid: int | None = None, mtime_ns: int | None = None) -> None:
+        target: object = self.file if self.file is not None else None
+        prefix = "" if target is not None else "dir_"
+        obj = target if target is not None else self
+        for name, value in (("mode", mode), ("uid", uid), ("gid", gid), ("mtime_ns", mtime_ns)):
+            if value is not None:
+                setattr(obj, prefix + name, value)
+        self.ctime_ns = time.time_ns()
+
+
+class Namespace:
+    def __init__(self, store: AsyncStore, prefix: str, ttl: float, owner: tuple[int, int]) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.ttl = ttl
+        self.owner = owner
+        self._next_ino = itertools.count(ROOT_INO + 1)
+        now = time.time_ns()
+        root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
+                     dir_mtime_ns=now, ctime_ns=now)
+        self.inodes: dict[int, Inode] = {ROOT_INO: root}
+
+    # -- paths and keys ---------------------------------------------------------------
+
+    def path_of(self, inode: Inode) -> str:
+        """Path relative to the mount root, without a leading slash ("" for the root)."""
+        parts: list[str] = []
+        while inode.ino != ROOT_INO:
+            parts.append(inode.name)
+            inode = self.inodes[inode.parent]
+        return "/".join(reversed(parts))
+
+    def key_of(self, inode: Inode) -> str:
+        path = self.path_of(inode)
+        if inode.is_dir:
+            return self.prefix + path + "/" if path else self.prefix
+        return self.prefix + path
+
+    def get(self, ino: int) -> Inode:
+        return self.inodes[ino]
+
+    def child(self, parent: Inode, name: str) -> Inode | None:
+        ino = parent.children.get(name)
+        return None if ino is None else self.inodes.get(ino)
+
+    # -- creating and moving entries ------------------------------------------------
+
+    def add(self, parent: Inode, name: str, kind: Kind, file: CachedFile | None = None,
+            **dir_attrs: int) -> Inode:
+        ino = next(self._next_ino)
+        inode = Inode(ino, kind, parent.ino, name, file=file, ctime_ns=time.time_ns(),
+                      **dir_attrs)  # type: ignore[arg-type]
+        if kind is Kind.DIR:
+            inode.listed_at = 0.0
+        self.inodes[ino] = inode
+        parent.children[name] = ino
+        return inode
+
+    def detach(self, inode: Inode) -> None:
+        """Remove a name; the inode lives on while the kernel still references it."""
+        parent = self.inodes.get(inode.parent)
+        if parent is not None and parent.children.get(inode.name) == inode.ino:
+            del parent.children[inode.name]
+        if inode.lookups <= 0 and inode.ino != ROOT_INO:
+            self.inodes.pop(inode.ino, None)
+
+    def move(self, inode: Inode, new_parent: Inode, new_name: str) -> None:
+        old_parent = self.inodes[inode.parent]
+        if old_parent.children.get(inode.name) == inode.ino:
+            del old_parent.children[inode.name]
+        inode.parent, inode.name = new_parent.ino, new_name
+        new_parent.children[new_name] = inode.ino
+        inode.ctime_ns = time.time_ns()
+
+    def forget(self, ino: int, count: int) -> None:
+        inode = self.inodes.get(ino)
+        if inode is None or ino == ROOT_INO:
+            return
+        inode.lookups -= count
+        parent = self.inodes.get(inode.parent)
+        attached = parent is not None and parent.children.get(inode.name) == ino
+        if inode.lookups <= 0 and not attached:
+            del self.inodes[ino]
+
+    def descendants(self, inode: Inode) -> list[Inode]:
+        out: list[Inode] = []
+        stack = [inode]
+        while stack:
+            node = stack.pop()
+            for ino in node.children.values():
+                child = self.inodes.get(ino)
+                if child is not None:
+                    out.append(child)
+                    if child.is_dir:
+                        stack.append(child)
+        return out
+
+    # -- S3 listings ----------------------------------------------------------------
+
+    def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
+        uid, gid = self.owner
+        return CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
+                          mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
+                          base_etag=obj.etag)
+
+    async def ensure_listed(self, dir_inode: Inode, force: bool = False) -> None:
+        """Merge the S3 listing of a directory into its children, at most once per TTL."""
+        if not force and dir_inode.listed_at and time.monotonic() - dir_inode.listed_at < self.ttl:
+            return
+        prefix = self.key_of(dir_inode)
+        listing = await self.store.list_dir(prefix)
+        seen: set[str] = set()
+        for sub in listing.prefixes:
+            name = sub[len(prefix):].rstrip("/")
+            if not valid_name(name):
+                continue
+            seen.add(name)
+            if self.child(dir_inode, name) is None:
+                uid, gid = self.owner
+                self.add(dir_inode, name, Kind.DIR, dir_uid=uid, dir_gid=gid,
+                         dir_mtime_ns=time.time_ns())
+        for obj in listing.objects:
+            name = obj.key[len(prefix):]
+            if not valid_name(name):
+                continue  # the directory's own marker, or a name POSIX cannot show
+            seen.add(name)
+            existing = self.child(dir_inode, name)
+            if existing is None:
+                cf = self.new_remote_file(obj.key, obj)
+                inode = self.add(dir_inode, name, Kind.FILE, file=cf)
+                inode.headed = False
+            elif existing.file is not None:
+                self._refresh_file(existing, obj)
+        for name, ino in list(dir_inode.children.items()):
+            if name not in seen and not self._has_local_state(self.inodes[ino]):
+                self.detach(self.inodes[ino])
+        dir_inode.listed_at = time.monotonic()
+
+    def _refresh_file(self, inode: Inode, obj: ObjectInfo) -> None:
+        """The object changed in S3 (written elsewhere): drop what we cached of it."""
+        cf = inode.file
+        assert cf is not None
+        if cf.pending or cf.openers or cf.base_etag == obj.etag:
+            return
+        cf.size = cf.base_size = obj.size
+        cf.base_etag = obj.etag
+        cf.base_key = obj.key
+        cf.chunks.clear()
+        cf.mtime_ns = int(obj.mtime * 1e9)
+        inode.headed = False
+
+    def _has_local_state(self, inode: Inode) -> bool:
+        """True if the entry exists only here so far (pending content, or a fresh dir)."""
+        if inode.file is not None:
+            return inode.file.pending or inode.file.openers > 0
+        if inode.is_dir and inode.listed_at and time.monotonic() - inode.listed_at < self.ttl:
+            return True
+        return any(self._has_local_state(d) for d in self.descendants(inode))
+
+    async def ensure_headed(self, inode: Inode) -> None:
+        """Attributes from the object's metadata (mode, owner, mtime, symlink)."""
+        cf = inode.file
+        if inode.headed or cf is None:
+            return
+        info = await self.store.head(cf.key)
+        inode.headed = True
+        if info is None:
+            return
+        self.apply_metadata(inode, info)
+
+    def apply_metadata(self, inode: Inode, info: ObjectInfo) -> None:
+        cf = inode.file
+        assert cf is not None
+        attrs = decode_attrs(info.metadata)
+        if attrs.mode is not None:
+            cf.mode = attrs.mode
+        if attrs.uid is not None:
+            cf.uid = attrs.uid
+        if attrs.gid is not None:
+            cf.gid = attrs.gid
+        cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
+        cf.size = cf.base_size = info.size
+        cf.base_etag = info.etag
+        if attrs.is_symlink:
+            inode.kind = Kind.SYMLINK
+            cf.mode = stat.S_IFLNK | 0o777
+
+
+    def attach_path(self, path: str, file: CachedFile) -> Inode:
+        """Place a recovered file at its path, creating directories only known locally."""
+        *dirs, name = path.split("/")
+        parent = self.inodes[ROOT_INO]
+        for part in dirs:
+            child = self.child(parent, part)
+            if child is None or not child.is_dir:
+                uid, gid = self.owner
+                child = self.add(parent, part, Kind.DIR, dir_uid=uid, dir_gid=gid,
+                                 dir_mtime_ns=time.time_ns())
+            parent = child
+        existing = self.child(parent, name)
+        if existing is not None:
+            self.detach(existing)
+        kind = Kind.SYMLINK if file.symlink is not None else Kind.FILE
+        return self.add(parent, name, kind, file=file)
+
+
+def valid_name(name: str) -> bool:
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name \
+        and len(os.fsencode(name)) <= 255

@@ -1,0 +1,129 @@
+"""The narrow object-store interface: everything lakefs-mount asks of S3.
+
+`lakefs_mount.s3store` implements it with boto3 (the only module that knows boto3);
+`lakefs_mount.memstore` implements it in memory for fast unit tests of the core.
+Methods are synchronous: the daemon calls them from worker threads behind a limiter.
+Keys are full keys inside the bucket (the mount prefix already applied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ObjectStoreError(Exception):
+    """An S3 call failed; `str()` is a message fit for the user."""
+
+
+class NoSuchBucket(ObjectStoreError):
+    pass
+
+
+class AccessDenied(ObjectStoreError):
+    """Wrong credentials or missing permissions."""
+
+
+class EndpointUnreachable(ObjectStoreError):
+    pass
+
+
+class NoSuchKey(ObjectStoreError):
+    pass
+
+
+class NoSuchUpload(ObjectStoreError):
+    """The multipart upload id is unknown (aborted, completed or expired)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str  # without quotes
+    mtime: float  # LastModified as a POSIX timestamp
+    metadata: dict[str, str] = field(default_factory=dict)  # user metadata, lower-case names
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One delimiter listing of a prefix: objects directly under it and sub-prefixes."""
+
+    objects: list[ObjectInfo]
+    prefixes: list[str]  # full keys ending in "/"
+
+
+@dataclass(frozen=True)
+class PendingUpload:
+    key: str
+    upload_id: str
+
+
+class ObjectStore(Protocol):
+    bucket: str
+
+    def check_bucket(self) -> None:
+        """Raise NoSuchBucket / AccessDenied / EndpointUnreachable with a clear message."""
+        ...
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size, ETag and user metadata of `key`, or None if it does not exist."""
+        ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `key` (fewer if the object is shorter)."""
+        ...
+
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+        """PutObject; returns the ETag."""
+        ...
+
+    def list_dir(self, prefix: str) -> Listing:
+        """All pages of ListObjectsV2(Prefix=prefix, Delimiter='/')."""
+        ...
+
+    def list_recursive(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix` (no delimiter)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Delete `key`; deleting a missing key is not an error."""
+        ...
+
+    def delete_many(self, keys: list[str]) -> None:
+        ...
+
+    def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        """Server-side copy (multipart copy above 5 GiB); metadata None keeps the source's."""
+        ...
+
+    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        """Returns the upload id."""
+        ...
+
+    def upload_part(self, key: str, upload_id: str, part_number: int,
+                    body: bytes | memoryview) -> str:
+        """Returns the part's ETag."""
+        ...
+
+    def upload_part_copy(self, key: str, upload_id: str, part_number: int,
+                         src_key: str, start: int, end: int) -> str:
+        """Copy bytes [start, end) of `src_key` as a part; returns the part's ETag."""
+        ...
+
+    def complete_multipart(self, key: str, upload_id: str,
+                           parts: list[tuple[int, str]]) -> str:
+        """Complete with (part_number, etag) pairs in order; returns the object's ETag."""
+        ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort; an unknown upload id is not an error."""
+        ...
+
+    def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        """Part number -> ETag of an open upload; raises NoSuchUpload if it is gone."""
+        ...
+
+    def list_multipart_uploads(self, prefix: str) -> list[PendingUpload]:
+        ...

@@ -1,0 +1,373 @@
+"""`ObjectStore` on boto3: the only module of lakefs-mount that imports boto3/botocore.
+
+Every botocore failure is turned into one of the `objectstore` exceptions with a
+message meant for a human (never containing credentials), so the rest of the code
+base can report S3 problems without knowing anything about botocore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import boto3
+import botocore.exceptions as bce
+from botocore.config import Config
+
+from lakefs_mount.objectstore import (
+    AccessDenied,
+    EndpointUnreachable,
+    Listing,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+    ObjectInfo,
+    ObjectStoreError,
+    PendingUpload,
+)
+
+__all__ = ["S3ObjectStore", "MAX_COPY_OBJECT_SIZE", "COPY_PART_SIZE"]
+
+MAX_COPY_OBJECT_SIZE = 5 * 1024**3  # CopyObject refuses sources larger than 5 GiB
+COPY_PART_SIZE = 1024**3  # part size of the multipart copy used above that limit
+DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys
+
+_AUTH_CODES = frozenset({
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "403",
+    "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
+    "InvalidSecurity",
+})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+
+
+def _strip_etag(etag: str | None) -> str:
+    """S3 quotes ETags (SeaweedFS sometimes does not); the interface never does."""
+    return (etag or "").strip().strip('"')
+
+
+def _quote_etag(etag: str) -> str:
+    return f'"{_strip_etag(etag)}"'
+
+
+def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: float,
+                   read_timeout: float, max_attempts: int) -> Config:
+    """Build the botocore Config; checksum options only where this botocore has them.
+
+    botocore >= 1.36 adds CRC checksums to every request by default, which several
+    S3-compatible servers (SeaweedFS included) reject or mangle, hence "when_required".
+    """
+    kwargs: dict[str, Any] = {
+        "connect_timeout": connect_timeout,
+        "read_timeout": read_timeout,
+        "retries": {"mode": "standard", "max_attempts": max_attempts},
+        "max_pool_connections": max_pool,
+    }
+    if endpoint_url:
+        kwargs["s3"] = {"addressing_style": "path"}
+    options = getattr(Config, "OPTION_DEFAULTS", {})
+    if "request_checksum_calculation" in options:
+        kwargs["request_checksum_calculation"] = "when_required"
+    if "response_checksum_validation" in options:
+        kwargs["response_checksum_validation"] = "when_required"
+    return Config(**kwargs)
+
+
+class S3ObjectStore:
+    """One bucket of an S3(-compatible) endpoint; safe to share between threads.
+
+    boto3 clients are thread-safe once created, so a single client (with a connection
+    pool of `max_pool`) serves all worker threads of the daemon. `access_key`,
+    `secret_key`, `connect_timeout`, `read_timeout` and `max_attempts` are optional
+    extras beyond the design card, used by the embedded server and the tests.
+    """
+
+    def __init__(self, bucket: str, *, endpoint_url: str | None = None,
+                 region: str | None = None, profile: str | None = None,
+                 max_pool: int = 32, access_key: str | None = None,
+                 secret_key: str | None = None, connect_timeout: float = 5.0,
+                 read_timeout: float = 60.0, max_attempts: int = 3) -> None:
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url
+        try:
+            session = boto3.session.Session(
+                profile_name=profile,
+                aws_access_key_id=access_key,
+                aws_secret_access_key=secret_key,
+            )
+        except bce.ProfileNotFound as exc:
+            raise AccessDenied(
+                f"AWS profile {profile!r} is not defined in the AWS config/credentials files"
+            ) from exc
+        # A custom endpoint (SeaweedFS, MinIO, ...) does not care about the region but
+        # SigV4 needs one; AWS itself needs the real one (taken from the profile/env).
+        region = region or session.region_name or ("us-east-1" if endpoint_url else None)
+        self.region = region
+        self._where = endpoint_url or f"AWS S3 ({region or 'default region'})"
+        self._client = session.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=_client_config(endpoint_url, max_pool, connect_timeout, read_timeout,
+                                  max_attempts),
+        )
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
+
+    # ------------------------------------------------------------------ errors
+
+    def _raise(self, exc: Exception, op: str, key: str | None) -> NoReturn:
+        """Translate a botocore exception into the interface's exceptions."""
+        where = f"'s3://{self.bucket}/{key}'" if key is not None else f"bucket '{self.bucket}'"
+        if isinstance(exc, bce.ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket" or (op == "HeadBucket" and status == 404):
+                raise NoSuchBucket(
+                    f"bucket '{self.bucket}' does not exist at {self._where}") from exc
+            if code in _AUTH_CODES or status == 403:
+                raise AccessDenied(
+                    f"access denied to bucket '{self.bucket}' at {self._where} ({code or status}):"
+                    " check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the"
+                    " profile) and that they grant access to this bucket") from exc
+            if code == "NoSuchUpload":
+                raise NoSuchUpload(
+                    f"multipart upload of {where} does not exist (aborted, completed or"
+                    " expired)") from exc
+            if code in _NOT_FOUND_CODES:
+                raise NoSuchKey(f"{where} does not exist") from exc
+            if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed"):
+                raise ObjectStoreError(
+                    f"bucket '{self.bucket}' is in another region than {self.region!r}:"
+                    " pass the right region") from exc
+            message = str(err.get("Message", "")) or str(status)
+            raise ObjectStoreError(f"S3 {op} on {where} failed: {code}: {message}") from exc
+        if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):
+            raise AccessDenied(
+                f"no usable S3 credentials for bucket '{self.bucket}' at {self._where}: set"
+                " AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass a profile configured in"
+                " ~/.aws/credentials") from exc
+        if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError
+                      | bce.ConnectionClosedError):
+            raise EndpointUnreachable(
+                f"cannot reach the S3 endpoint {self._where} ({type(exc).__name__}): is the"
+                " server running and the address right?") from exc
+        if isinstance(exc, bce.ReadTimeoutError):
+            raise ObjectStoreError(
+                f"S3 {op} on {where} timed out waiting for {self._where}") from exc
+        if isinstance(exc, bce.BotoCoreError):
+            raise ObjectStoreError(
+                f"S3 {op} on {where} failed: {type(exc).__name__}: {exc}") from exc
+        raise exc
+
+    @contextmanager
+    def _errors(self, op: str, key: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (bce.ClientError, bce.BotoCoreError) as exc:
+            self._raise(exc, op, key)
+
+    def _info(self, item: dict[str, Any], metadata: dict[str, str] | None = None) -> ObjectInfo:
+        return ObjectInfo(
+            key=item["Key"],
+            size=int(item.get("Size", item.get("ContentLength", 0))),
+            etag=_strip_etag(item.get("ETag")),
+            mtime=item["LastModified"].timestamp(),
+            metadata=metadata or {},
+        )
+
+    # ------------------------------------------------------------- bucket level
+
+    def check_bucket(self) -> None:
+        """HeadBucket: 404/403 come back without an error body, so map by HTTP status."""
+        with self._errors("HeadBucket"):
+            self._client.head_bucket(Bucket=self.bucket)
+
+    def create_bucket(self) -> None:
+        """Create the bucket (embedded server and tests only); existing is fine."""
+        try:
+            with self._errors("CreateBucket"):
+                self._client.create_bucket(Bucket=self.bucket)
+        except ObjectStoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, bce.ClientError) and cause.response.get("Error", {}).get(
+                    "Code") in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            raise
+
+    def delete_bucket(self) -> None:
+        """Delete the bucket (tests only); SeaweedFS allows it even when not empty."""
+        with self._errors("DeleteBucket"):
+            self._client.delete_bucket(Bucket=self.bucket)
+
+    # ------------------------------------------------------------------ objects
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            with self._errors("HeadObject", key):
+                resp = self._client.head_object(Bucket=self.bucket, Key=key)
+        except NoSuchKey:
+            return None
+        metadata = {k.lower(): v for k, v in resp.get("Metadata", {}).items()}
+        return self._info({"Key": key, **resp}, metadata)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if start < 0 or end <= start:
+            return b""
+        try:
+            with self._errors("GetObject", key):
+                resp = self._client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+                with resp["Body"] as body:
+                    return body.read()
+        except ObjectStoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, bce.ClientError) and (
+                    cause.response.get("Error", {}).get("Code") == "InvalidRange"
+                    or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416):
+                return b""  # start is at or past the end of the object
+            raise
+
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+        data = body if isinstance(body, bytes) else bytes(body)
+        with self._errors("PutObject", key):
+            resp = self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, Metadata=dict(metadata))
+        return _strip_etag(resp.get("ETag"))
+
+    def list_dir(self, prefix: str) -> Listing:
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        paginator = self._client.get_paginator("list_objects_v2")
+        with self._errors("ListObjectsV2", prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                objects.extend(self._info(item) for item in page.get("Contents", []))
+                prefixes.extend(p["Prefix"] for p in page.get("CommonPrefixes", []))
+        return Listing(objects=objects, prefixes=prefixes)
+
+    def list_recursive(self, prefix: str) -> Iterator[ObjectInfo]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        with self._errors("ListObjectsV2", prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    yield self._info(item)
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._errors("DeleteObject", key):
+                self._client.delete_object(Bucket=self.bucket, Key=key)
+        except NoSuchKey:
+            pass
+
+    def delete_many(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i:i + DELETE_BATCH]
+            with self._errors("DeleteObjects", batch[0]):
+                resp = self._client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                first = errors[0]
+                raise ObjectStoreError(
+                    f"S3 DeleteObjects failed for {len(errors)} key(s) of bucket"
+                    f" '{self.bucket}', e.g. '{first.get('Key')}': {first.get('Code')}:"
+                    f" {first.get('Message')}")
+
+    def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        info = self.head(src)
+        if info is None:
+            raise NoSuchKey(f"'s3://{self.bucket}/{src}' does not exist (copy source)")
+        if info.size > MAX_COPY_OBJECT_SIZE:
+            return self._multipart_copy(src, dst, info.size,
+                                        info.metadata if metadata is None else metadata)
+        kwargs: dict[str, Any] = {"MetadataDirective": "COPY"}
+        if metadata is not None:
+            kwargs = {"MetadataDirective": "REPLACE", "Metadata": dict(metadata)}
+        with self._errors("CopyObject", dst):
+            resp = self._client.copy_object(
+                Bucket=self.bucket, Key=dst,
+                CopySource={"Bucket": self.bucket, "Key": src}, **kwargs)
+        return _strip_etag(resp.get("CopyObjectResult", {}).get("ETag"))
+
+    def _multipart_copy(self, src: str, dst: str, size: int,
+                        metadata: dict[str, str]) -> str:
+        """CopyObject stops at 5 GiB: copy in 1 GiB UploadPartCopy parts instead."""
+        upload_id = self.create_multipart(dst, metadata)
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, COPY_PART_SIZE), start=1):
+                end = min(start + COPY_PART_SIZE, size)
+                parts.append((number, self.upload_part_copy(dst, upload_id, number, src,
+                                                            start, end)))
+            return self.complete_multipart(dst, upload_id, parts)
+        except BaseException:
+            try:
+                self.abort_multipart(dst, upload_id)
+            except ObjectStoreError:
+                pass
+            raise
+
+    # ---------------------------------------------------------------- multipart
+
+    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        with self._errors("CreateMultipartUpload", key):
+            resp = self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=key, Metadata=dict(metadata))
+        return str(resp["UploadId"])
+
+    def upload_part(self, key: str, upload_id: str, part_number: int,
+                    body: bytes | memoryview) -> str:
+        data = body if isinstance(body, bytes) else bytes(body)
+        with self._errors("UploadPart", key):
+            resp = self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
+                Body=data)
+        return _strip_etag(resp.get("ETag"))
+
+    def upload_part_copy(self, key: str, upload_id: str, part_number: int,
+                         src_key: str, start: int, end: int) -> str:
+        with self._errors("UploadPartCopy", key):
+            resp = self._client.upload_part_copy(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
+                CopySource={"Bucket": self.bucket, "Key": src_key},
+                CopySourceRange=f"bytes={start}-{end - 1}")
+        return _strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
+
+    def complete_multipart(self, key: str, upload_id: str,
+                           parts: list[tuple[int, str]]) -> str:
+        with self._errors("CompleteMultipartUpload", key):
+            resp = self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": _quote_etag(etag)}
+                                           for n, etag in parts]})
+        return _strip_etag(resp.get("ETag"))
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            with self._errors("AbortMultipartUpload", key):
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except NoSuchUpload:
+            pass
+
+    def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        parts: dict[int, str] = {}
+        paginator = self._client.get_paginator("list_parts")
+        with self._errors("ListParts", key):
+            for page in paginator.paginate(Bucket=self.bucket, Key=key, UploadId=upload_id):
+                for part in page.get("Parts", []):
+                    parts[int(part["PartNumber"])] = _strip_etag(part.get("ETag"))
+        return parts
+
+    def list_multipart_uploads(self, prefix: str) -> list[PendingUpload]:
+        uploads: list[PendingUpload] = []
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        with self._errors("ListMultipartUploads", prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                uploads.extend(PendingUpload(key=u["Key"], upload_id=u["UploadId"])
+                               for u in page.get("Uploads", []))
+        return uploads

@@ -1,0 +1,103 @@
+"""Shared fixtures: an embedded SeaweedFS per session, a fresh bucket per test, a fault proxy.
+
+Fixtures:
+  s3_server       (session) started EmbeddedS3 without auth; `.endpoint_url`, `.port`.
+  s3_auth_server  (session) EmbeddedS3 requiring its `.access_key` / `.secret_key`.
+  bucket          (function) name of a new, empty bucket on s3_server; deleted afterwards.
+  s3              (function) S3ObjectStore for `bucket`.
+  fault_proxy     (function) FaultProxy in front of s3_server (`.endpoint_url`,
+                  `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
+
+from lakefs_mount.embedded import EmbeddedS3
+from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.s3store import S3ObjectStore
+
+AUTH_ACCESS_KEY = "lmtestaccesskey"
+AUTH_SECRET_KEY = "lmtestsecretkey0123456789"
+STOP_GRACE_SECONDS = 3.0  # weed's filer hangs ~15 s on SIGTERM; nothing to save in tests
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the developer's AWS config/credentials out; give boto3 dummy keys to sign with."""
+    empty = tmp_path_factory.mktemp("aws") / "none"
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                mp.delenv(name)
+        mp.setenv("AWS_ACCESS_KEY_ID", "test")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("AWS_CONFIG_FILE", str(empty))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield
+
+
+def _start(state_dir: Path, **kwargs: str) -> EmbeddedS3:
+    server = EmbeddedS3(state_dir, **kwargs)
+    server.start(timeout=60)  # stops weed itself when start fails
+    return server
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory,
+              _isolated_aws_env: None) -> Iterator[EmbeddedS3]:
+    server = _start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.stop(timeout=STOP_GRACE_SECONDS)
+
+
+@pytest.fixture(scope="session")
+def s3_auth_server(tmp_path_factory: pytest.TempPathFactory,
+                   _isolated_aws_env: None) -> Iterator[EmbeddedS3]:
+    server = _start(tmp_path_factory.mktemp("seaweedfs-auth"),
+                    access_key=AUTH_ACCESS_KEY, secret_key=AUTH_SECRET_KEY)
+    try:
+        yield server
+    finally:
+        server.stop(timeout=STOP_GRACE_SECONDS)
+
+
+@pytest.fixture
+def bucket(s3_server: EmbeddedS3) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    try:
+        s3_server.create_bucket(name)
+    except ObjectStoreError as exc:
+        pytest.fail(f"creating bucket {name} failed: {exc}\nweed running: {s3_server.running};"
+                    f" log {s3_server.log_path}:\n{s3_server.log_tail()}")
+    try:
+        yield name
+    finally:
+        # frees the bucket's SeaweedFS volume; best effort, the server dies at the end anyway
+        with contextlib.suppress(ObjectStoreError):
+            s3_server.store(name).delete_bucket()
+
+
+@pytest.fixture
+def s3(s3_server: EmbeddedS3, bucket: str) -> S3ObjectStore:
+    return S3ObjectStore(bucket, endpoint_url=s3_server.endpoint_url, region="us-east-1")
+
+
+@pytest.fixture
+def fault_proxy(s3_server: EmbeddedS3) -> Iterator[FaultProxy]:
+    proxy = FaultProxy("127.0.0.1", s3_server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

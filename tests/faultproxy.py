@@ -1,0 +1,151 @@
+"""A small threaded TCP proxy that injects latency, throttling and outages.
+
+Placed between a client and the S3 server, it lets tests simulate a slow or dead
+network without touching the server: `delay_seconds` adds latency to every chunk,
+`bandwidth_bytes_per_s` throttles, and `fail = True` kills live connections and
+resets new ones (an outage; the client's pooled keep-alive connections die too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+
+_CHUNK = 64 * 1024
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST (SO_LINGER 0) so the peer sees a hard failure, not a clean EOF."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv() on it
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class FaultProxy:
+    """Forward 127.0.0.1:<port> to (target_host, target_port) with injectable faults."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.delay_seconds = 0.0
+        self.bandwidth_bytes_per_s: float | None = None
+        self.connections_total = 0
+        self._fail = False
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self._listener.settimeout(0.2)  # so the accept loop notices close()
+        self.port: int = self._listener.getsockname()[1]
+        self._acceptor = threading.Thread(target=self._accept_loop, name="faultproxy-accept",
+                                          daemon=True)
+        self._acceptor.start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def fail(self) -> bool:
+        return self._fail
+
+    @fail.setter
+    def fail(self, value: bool) -> None:
+        """Turning failure on also kills open connections, like a real outage."""
+        self._fail = value
+        if value:
+            self._kill_connections()
+
+    def _kill_connections(self) -> None:
+        with self._lock:
+            socks, self._socks = list(self._socks), set()
+        for sock in socks:
+            _reset(sock)
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            self.connections_total += 1
+            if self._fail or self._closed:
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                _reset(client)
+                continue
+            with self._lock:
+                self._socks.update((client, upstream))
+            pending = [2]  # pumps still running; the last one closes both sockets
+            for src, dst in ((client, upstream), (upstream, client)):
+                thread = threading.Thread(target=self._pump, args=(src, dst, pending),
+                                          name="faultproxy-pump", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            self._threads = [t for t in self._threads if t.is_alive()]
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pending: list[int]) -> None:
+        try:
+            while True:
+                data = src.recv(_CHUNK)
+                if not data or self._fail:
+                    break
+                if self.delay_seconds:
+                    time.sleep(self.delay_seconds)
+                if self.bandwidth_bytes_per_s:
+                    time.sleep(len(data) / self.bandwidth_bytes_per_s)
+                if self._fail:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            if self._fail:
+                _reset(src)
+                _reset(dst)
+            else:
+                # half-close: let the other direction finish its response
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+            with self._lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+                if last:
+                    self._socks.discard(src)
+                    self._socks.discard(dst)
+            if last:
+                for sock in (src, dst):
+                    with contextlib.suppress(OSError):
+                        sock.close()
+
+    def close(self) -> None:
+        """Stop accepting, reset every connection and join the threads."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._kill_connections()
+        self._acceptor.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
