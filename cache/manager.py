@@ -225,6 +225,9 @@ class CacheManager:
             os.ftruncate(fd, size)  # metadata-only; never blocks on data
         else:
             await self._mark_dirty(cf, [], old)
+            fd = await self._ensure_fd(cf)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
         cf.size = size
         await self.save_attrs(cf)
 

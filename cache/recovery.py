@@ -65,7 +65,10 @@ async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport
 async def _restore_file(cache: CacheManager, rec: PendingFile,
                         report: RecoveryReport) -> CachedFile:
     journal, store, parts = cache.journal, cache.store, cache.parts
-    cf = CachedFile(key=rec.key, size=rec.size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
+    # Writes extend the cache file in step with the file but do not touch the journal row:
+    # the larger of the two is the size the application last saw.
+    size = max(rec.size, cache.cache_path(rec.fid).stat().st_size)
+    cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
                     mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
                     base_size=rec.base_size or 0, upload_id=rec.upload_id,
                     upload_key=rec.upload_key, symlink=rec.symlink, in_journal=True)

@@ -115,7 +115,8 @@ def setup_logging(level: str, log_file: Path | None, foreground: bool) -> None:
         handler._lakefs_mount = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     root.setLevel(numeric)
+    # botocore at DEBUG dumps every signed request; only an explicit opt-in turns it on.
+    wire_debug = os.environ.get("LAKEFS_MOUNT_DEBUG_BOTO") == "1"
     for name in _NOISY:
-        logging.getLogger(name).setLevel(logging.DEBUG if numeric <= logging.DEBUG
-                                          else logging.WARNING)
+        logging.getLogger(name).setLevel(logging.DEBUG if wire_debug else logging.WARNING)
     logging.captureWarnings(True)

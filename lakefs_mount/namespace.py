@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.layout import decode_attrs
-from lakefs_mount.objectstore import ObjectInfo
+from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,14 @@ class Namespace:
         if not force and dir_inode.listed_at and time.monotonic() - dir_inode.listed_at < self.ttl:
             return
         prefix = self.key_of(dir_inode)
-        listing = await self.store.list_dir(prefix)
+        try:
+            listing = await self.store.list_dir(prefix)
+        except ObjectStoreError as exc:
+            if not dir_inode.listed_at:
+                raise
+            # S3 is unavailable: the last listing plus the cache keep the mount usable.
+            log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
+            return
         seen: set[str] = set()
         for sub in listing.prefixes:
             name = sub[len(prefix):].rstrip("/")

@@ -7,6 +7,8 @@ Fixtures:
   s3              (function) S3ObjectStore for `bucket`.
   fault_proxy     (function) FaultProxy in front of s3_server (`.endpoint_url`,
                   `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
+  mount_factory   (function) makes started `mounting.Mount`s of `bucket`; cleans them up.
+  mount           (function) one started Mount of `bucket`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
+from mounting import Mount
 
 from lakefs_mount.embedded import EmbeddedS3
 from lakefs_mount.objectstore import ObjectStoreError
@@ -37,8 +40,8 @@ def _isolated_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         for name in list(os.environ):
             if name.startswith("AWS_"):
                 mp.delenv(name)
-        mp.setenv("AWS_ACCESS_KEY_ID", "test")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        mp.setenv("AWS_ACCESS_KEY_ID", "lmdummyaccesskey")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "lmdummysecretkey")
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("AWS_CONFIG_FILE", str(empty))
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
@@ -101,3 +104,30 @@ def fault_proxy(s3_server: EmbeddedS3) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+@pytest.fixture
+def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> Iterator:
+    """Make (and always clean up) mounts of this test's bucket: `mount_factory(options...)`."""
+    made: list[Mount] = []
+
+    def make(*options: str, prefix: str = "", name: str = "m", start: bool = True,
+             endpoint_url: str | None = None) -> Mount:
+        m = Mount(tmp_path / name, bucket, endpoint_url or s3_server.endpoint_url,
+                  prefix=prefix, options=options)
+        made.append(m)
+        if start:
+            m.start()
+        return m
+
+    try:
+        yield make
+    finally:
+        for m in made:
+            m.cleanup()
+
+
+@pytest.fixture
+def mount(mount_factory) -> Mount:
+    """A started mount of this test's bucket (whole bucket, default options)."""
+    return mount_factory()

@@ -1,0 +1,379 @@
+"""Bad input to `lakefs-mount mount`, end to end: real CLI, real daemon, SeaweedFS, FUSE.
+
+Every case must end within seconds with a non-zero exit, a message that says what is
+wrong, no mount and no daemon left behind, and no data lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mounting import CLI, Mount, _wait_gone, cli
+
+from lakefs_mount.embedded import EmbeddedS3, free_port
+from lakefs_mount.mountpoint import is_mounted
+
+WRONG_SECRET = "WrongSecretMustNeverBeLogged0123456789"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the real console script; (result, seconds it took)."""
+    started = time.monotonic()
+    proc = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - started
+
+
+def _cmdlines() -> Iterator[tuple[int, list[str]]]:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if raw:
+            yield int(entry.name), raw.decode(errors="replace").rstrip("\0").split("\0")
+
+
+def daemons_for(path: Path) -> list[int]:
+    """Live lakefs-mount processes whose command line names `path` (zombies excluded)."""
+    pids = []
+    for pid, argv in _cmdlines():
+        if str(path) in argv and any(a.endswith("lakefs-mount") for a in argv[:2]):
+            with contextlib.suppress(OSError):
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    pids.append(pid)
+    return pids
+
+
+def weeds_for(state_dir: Path) -> list[int]:
+    """Live weed processes serving data under `state_dir`."""
+    return [pid for pid, argv in _cmdlines()
+            if argv and os.path.basename(argv[0]) == "weed"
+            and any(a.startswith(f"-dir={state_dir}") for a in argv)]
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess, mnt: Path, *needles: str) -> None:
+    """Non-zero, one of `needles` in stderr, no traceback, nothing mounted, no daemon."""
+    err = proc.stderr.lower()
+    assert proc.returncode != 0, proc.stderr
+    assert any(n.lower() in err for n in needles), proc.stderr
+    assert "traceback" not in err, proc.stderr
+    assert not is_mounted(mnt)
+    deadline = time.monotonic() + 5
+    while daemons_for(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemons_for(mnt) == []
+
+
+def mount_args(root: Path, source: str, *extra: str, mnt: Path | None = None) -> list[str]:
+    mnt = mnt or root / "mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    return ["mount", source, str(mnt), "--cache-dir", str(root / "cache"),
+            "--log-file", str(root / "daemon.log"), *extra]
+
+
+@pytest.fixture
+def cleanup_paths() -> Iterator[list[Path]]:
+    """Mount points to force-clean after the test: kill their daemons, detach them."""
+    paths: list[Path] = []
+    yield paths
+    for path in paths:
+        for pid in daemons_for(path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid)
+        if is_mounted(path):
+            subprocess.run(["fusermount3", "-uz", str(path)], capture_output=True)
+
+
+# ---------------------------------------------------------------------------- S3 side
+
+
+def test_missing_bucket(s3_server: EmbeddedS3, tmp_path: Path) -> None:
+    args = mount_args(tmp_path, "s3://no-such-bucket-xyz", "--endpoint-url",
+                      s3_server.endpoint_url)
+    proc, took = run_cli(*args)
+    assert_clean_failure(proc, tmp_path / "mnt", "no-such-bucket-xyz' does not exist")
+    assert took < 10
+
+
+def test_wrong_credentials_then_right_ones(s3_auth_server: EmbeddedS3, tmp_path: Path,
+                                           cleanup_paths: list[Path]) -> None:
+    bucket = f"auth-{uuid.uuid4().hex[:12]}"
+    s3_auth_server.create_bucket(bucket)
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
+                      s3_auth_server.endpoint_url, "--log-level", "DEBUG")
+    wrong = {"AWS_ACCESS_KEY_ID": "wrongaccesskey", "AWS_SECRET_ACCESS_KEY": WRONG_SECRET}
+    proc, took = run_cli(*args, env=wrong)
+    assert_clean_failure(proc, mnt, "access denied")
+    assert took < 10
+    assert WRONG_SECRET not in proc.stderr + proc.stdout
+    assert WRONG_SECRET not in (tmp_path / "daemon.log").read_text()
+
+    assert s3_auth_server.access_key and s3_auth_server.secret_key
+    right = {"AWS_ACCESS_KEY_ID": s3_auth_server.access_key,
+             "AWS_SECRET_ACCESS_KEY": s3_auth_server.secret_key}
+    proc, _ = run_cli(*args, env=right)
+    assert proc.returncode == 0, proc.stderr
+    (mnt / "ok.txt").write_bytes(b"authorized")
+    proc, _ = run_cli("unmount", str(mnt))
+    assert proc.returncode == 0, proc.stderr
+    assert not is_mounted(mnt)
+    assert s3_auth_server.store(bucket).get_range("ok.txt", 0, 100) == b"authorized"
+    assert s3_auth_server.secret_key not in (tmp_path / "daemon.log").read_text()
+
+
+def test_endpoint_unreachable(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    args = mount_args(tmp_path, "s3://b", "--endpoint-url", f"http://127.0.0.1:{port}")
+    proc, took = run_cli(*args)
+    assert_clean_failure(proc, tmp_path / "mnt", "unreachable", "could not connect")
+    assert f"127.0.0.1:{port}" in proc.stderr
+    assert took < 10, f"took {took:.1f} s"
+
+
+# ---------------------------------------------------------------------------- mount point
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("missing", "does not exist"),
+    ("file", "is not a directory"),
+    ("nonempty", "is not empty"),
+])
+def test_bad_mountpoint(s3_server: EmbeddedS3, bucket: str, tmp_path: Path, kind: str,
+                        needle: str) -> None:
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_text("x")
+    elif kind == "nonempty":
+        target.mkdir()
+        (target / "keep.txt").write_text("mine")
+    proc, took = run_cli("mount", f"s3://{bucket}", str(target), "--endpoint-url",
+                         s3_server.endpoint_url, "--cache-dir", str(tmp_path / "cache"),
+                         "--log-file", str(tmp_path / "log"))
+    assert_clean_failure(proc, target, needle)
+    assert proc.returncode == 2 and took < 10
+    if kind == "nonempty":
+        assert (target / "keep.txt").read_text() == "mine"
+
+
+def test_already_mounted(mount_factory, s3_server: EmbeddedS3, bucket: str,
+                         tmp_path: Path) -> None:
+    first = mount_factory()
+    (first.path / "a.txt").write_bytes(b"first")
+    proc, took = run_cli("mount", f"s3://{bucket}", str(first.path), "--endpoint-url",
+                         s3_server.endpoint_url, "--cache-dir", str(tmp_path / "cache2"),
+                         "--log-file", str(tmp_path / "log2"))
+    assert proc.returncode == 2 and took < 10
+    assert "already mounted" in proc.stderr, proc.stderr
+    # the first mount is untouched and still serves
+    assert first.status()["pid"] == first.pid
+    assert (first.path / "a.txt").read_bytes() == b"first"
+    (first.path / "b.txt").write_bytes(b"second")
+    assert first.flush().returncode == 0
+
+
+def test_stale_mount_after_kill9_is_cleaned_and_data_kept(mount_factory, s3) -> None:
+    m: Mount = mount_factory()
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    with open(m.path / "before-crash.bin", "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    assert m.pid is not None
+    os.kill(m.pid, signal.SIGKILL)
+    _wait_gone(m.pid)
+    m.pid = None
+    with pytest.raises(OSError) as info:
+        os.stat(m.path)
+    assert info.value.errno == errno.ENOTCONN
+    assert is_mounted(m.path)
+
+    started = time.monotonic()
+    m.start()  # same cache dir: detaches the dead mount, recovers the journal
+    assert time.monotonic() - started < 15
+    assert m.flush().returncode == 0
+    assert s3.get_range("before-crash.bin", 0, len(payload) + 1) == payload
+    assert (m.path / "before-crash.bin").read_bytes() == payload
+
+
+# ---------------------------------------------------------------------------- cache dir
+
+
+def test_cache_dir_below_a_file(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("x")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc, took = run_cli("mount", f"s3://{bucket}", str(mnt), "--endpoint-url",
+                         s3_server.endpoint_url, "--cache-dir", str(tmp_path / "plain" / "c"),
+                         "--log-file", str(tmp_path / "log"))
+    assert_clean_failure(proc, mnt, "cannot create cache directory")
+    assert str(tmp_path / "plain" / "c") in proc.stderr and took < 10
+
+
+@pytest.fixture
+def readonly_dir(tmp_path: Path) -> Iterator[Path]:
+    """A read-only tmpfs (root only: root ignores permission bits, not a ro mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        (ro / "cache").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        yield ro
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+
+
+def test_cache_dir_read_only(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
+                             readonly_dir: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for cache in (readonly_dir / "cache", readonly_dir / "new"):  # existing, to be created
+        proc, took = run_cli("mount", f"s3://{bucket}", str(mnt), "--endpoint-url",
+                             s3_server.endpoint_url, "--cache-dir", str(cache),
+                             "--log-file", str(tmp_path / "log"))
+        assert_clean_failure(proc, mnt, "not writable", "cannot create cache directory")
+        assert "read-only file system" in proc.stderr.lower() and took < 10
+
+
+def test_cache_dir_locked_by_live_daemon(mount_factory, s3_server: EmbeddedS3, bucket: str,
+                                         tmp_path: Path) -> None:
+    first = mount_factory()
+    (first.path / "x.txt").write_bytes(b"x")
+    mnt2 = tmp_path / "mnt2"
+    mnt2.mkdir()
+    proc, took = run_cli("mount", f"s3://{bucket}", str(mnt2), "--endpoint-url",
+                         s3_server.endpoint_url, "--cache-dir", str(first.cache_dir),
+                         "--log-file", str(tmp_path / "log2"))
+    assert_clean_failure(proc, mnt2, "in use by another lakefs-mount daemon")
+    assert took < 10
+    assert first.flush().returncode == 0
+    assert (first.path / "x.txt").read_bytes() == b"x"
+
+
+# ---------------------------------------------------------------------------- runtime
+
+
+def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> None:
+    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    payload = os.urandom(20 * 1024 * 1024 + 5)  # multipart: more than one 16 MiB part
+    (m.path / "ckpt.bin").write_bytes(payload)
+    fault_proxy.fail = True
+    started = time.monotonic()
+    proc = m.flush("--timeout", "20", timeout=60)
+    assert proc.returncode != 0
+    assert "s3 keeps failing" in proc.stderr.lower() or "timed out" in proc.stderr.lower(), \
+        proc.stderr
+    assert time.monotonic() - started < 25
+    assert s3.head("ckpt.bin") is None
+    fault_proxy.fail = False
+    proc = m.flush(timeout=120)
+    assert proc.returncode == 0, proc.stderr + m.log_tail()
+    assert s3.get_range("ckpt.bin", 0, len(payload) + 1) == payload
+
+
+def test_unmount_busy(mount_factory) -> None:
+    m: Mount = mount_factory()
+    (m.path / "d").mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=m.path / "d")
+    try:
+        proc = m.unmount()
+        assert proc.returncode == 1, proc.stderr
+        assert "busy" in proc.stderr, proc.stderr
+        assert is_mounted(m.path)
+        (m.path / "still.txt").write_bytes(b"works")
+        assert (m.path / "still.txt").read_bytes() == b"works"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    proc = m.unmount()
+    assert proc.returncode == 0, proc.stderr
+    assert not is_mounted(m.path)
+
+
+# ---------------------------------------------------------------------------- embedded
+
+
+def test_embedded_mount_survives_daemon_kill9(tmp_path: Path,
+                                              cleanup_paths: list[Path]) -> None:
+    state = tmp_path / "embedded"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cleanup_paths.append(mnt)
+    args = ["mount", str(mnt), "--embedded-dir", str(state), "--cache-dir",
+            str(tmp_path / "cache"), "--log-file", str(tmp_path / "daemon.log")]
+    try:
+        proc, _ = run_cli(*args)
+        assert proc.returncode == 0, proc.stderr
+        (mnt / "kept.txt").write_bytes(b"embedded data")
+        assert cli("flush", str(mnt)).returncode == 0
+        pid = int(cli("status", str(mnt), "--json", check=True).stdout.split('"pid": ')[1]
+                  .split(",")[0])
+        assert weeds_for(state)
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+
+        proc, took = run_cli(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "kept.txt").read_bytes() == b"embedded data"
+        assert len(weeds_for(state)) == 1
+        proc, _ = run_cli("unmount", str(mnt))
+        assert proc.returncode == 0, proc.stderr
+        deadline = time.monotonic() + 20
+        while weeds_for(state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert weeds_for(state) == []
+    finally:
+        for pid in weeds_for(state):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_embedded_leftover_weed_is_replaced(tmp_path: Path) -> None:
+    """A weed whose owner died without taking it along (no parent-death signal) is stopped."""
+    state = tmp_path / "embedded"
+    old = EmbeddedS3(state).start()
+    try:
+        old.create_bucket("keep")
+        old.store("keep").put("k", b"v", {})
+        leftover = old.pid
+        old._forget()  # the owner "dies": lock released, weed keeps running
+        new = EmbeddedS3(state).start()
+        try:
+            assert new.pid != leftover and weeds_for(state) == [new.pid]
+            assert new.store("keep").get_range("k", 0, 10) == b"v"
+        finally:
+            new.stop(timeout=2)
+    finally:
+        for pid in weeds_for(state):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_embedded_dir_in_use(tmp_path: Path) -> None:
+    state = tmp_path / "embedded"
+    with EmbeddedS3(state):
+        with pytest.raises(Exception, match="in use"):
+            EmbeddedS3(state).start()
