@@ -24,6 +24,7 @@ class ChunkState(enum.Enum):
 
 
 PENDING_STATES = (ChunkState.DIRTY, ChunkState.UPLOADING, ChunkState.UPLOADED)
+DIRTY_STATES = (ChunkState.DIRTY, ChunkState.UPLOADING)  # bytes only the cache holds
 
 
 @dataclass

@@ -165,11 +165,14 @@ class Flusher:
         if cf.upload_id is not None:
             await self.journal(self.journal.sync.end_upload, cf.upload_id)
         cf.upload_id = cf.upload_key = None
-        for ch in cf.chunks.values():
-            if ch.state is ChunkState.UPLOADED:
-                ch.state, ch.etag = ChunkState.DIRTY, None
+        self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
+
+    def _uploaded_to_dirty(self, cf: CachedFile) -> None:
+        for idx, ch in cf.chunks.items():
+            if ch.state is ChunkState.UPLOADED:
+                self.cache.set_state(ch, idx, ChunkState.DIRTY)
 
     # -- parts ------------------------------------------------------------------------
 
@@ -188,7 +191,8 @@ class Flusher:
         end = min(end, cf.size)
         if end <= start:
             return
-        ch.state, ch.settled = ChunkState.UPLOADING, trio.Event()
+        self.cache.set_state(ch, idx, ChunkState.UPLOADING)
+        ch.settled = trio.Event()
         gen = ch.gen
         try:
             async with self._slots:
@@ -204,17 +208,18 @@ class Flusher:
                     self.in_flight -= 1
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
-                ch.state = ChunkState.DIRTY
+                self.cache.set_state(ch, idx, ChunkState.DIRTY)
             ch.settled.set()
             raise
         self.metrics[m.PARTS_UPLOADED] += 1
         self.metrics[m.BYTES_UPLOADED] += end - start
         if ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch:
-            ch.state, ch.etag, ch.length = ChunkState.UPLOADED, str(etag), end - start
+            self.cache.set_state(ch, idx, ChunkState.UPLOADED)
+            ch.etag, ch.length = str(etag), end - start
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
         elif ch.state is ChunkState.UPLOADING:
-            ch.state = ChunkState.DIRTY  # written during the upload: goes up again
+            self.cache.set_state(ch, idx, ChunkState.DIRTY)  # written meanwhile: goes up again
         ch.settled.set()
         self._progress_changed()
 
@@ -298,7 +303,7 @@ class Flusher:
             committed = []
             for i, (ch, gen) in sent.items():
                 if cf.chunks.get(i) is ch and ch.gen == gen and ch.state is ChunkState.DIRTY:
-                    ch.state = ChunkState.UPLOADED  # in the object now; made clean below
+                    self.cache.set_state(ch, i, ChunkState.UPLOADED)  # made clean below
                     committed.append(i)
         else:
             key, upload_id = await self._ensure_upload(cf)
@@ -325,8 +330,7 @@ class Flusher:
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
-        for i in [i for i, c in cf.chunks.items() if c.state is ChunkState.UPLOADED]:
-            cf.chunks[i].state = ChunkState.DIRTY  # parts of an upload that no longer exists
+        self._uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
@@ -344,9 +348,7 @@ class Flusher:
                        self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await self.journal(self.journal.sync.end_upload, cf.upload_id)
         cf.upload_id = cf.upload_key = None
-        for ch in cf.chunks.values():
-            if ch.state is ChunkState.UPLOADED:
-                ch.state, ch.etag = ChunkState.DIRTY, None
+        self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
 

@@ -133,7 +133,7 @@ class Journal:
         """Record (or replace) a file that must be committed."""
         self.db["files"].upsert(vars(rec), pk="fid")
 
-    def update_file(self, fid: int, **fields: object) -> None:
+    def update_file(self, fid: int, fields: dict[str, object]) -> None:
         self.db["files"].update(fid, fields)
 
     def drop_file(self, fid: int) -> None:

@@ -18,7 +18,12 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.aiostore import AsyncStore
-from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefile import (
+    DIRTY_STATES,
+    CachedFile,
+    Chunk,
+    ChunkState,
+)
 from lakefs_mount.cache.journal import AsyncJournal, PendingFile
 from lakefs_mount.layout import PartMap
 from lakefs_mount.uring import IoEngine
@@ -232,9 +237,16 @@ class CacheManager:
         await self.save_attrs(cf)
 
     def _drop_chunk(self, cf: CachedFile, idx: int) -> None:
-        ch = cf.chunks.pop(idx)
-        if ch.state in PENDING_STATES:
-            self._account(-self._chunk_bytes(idx))
+        self.set_state(cf.chunks.pop(idx), idx, ChunkState.CLEAN)
+
+    def set_state(self, ch: Chunk, idx: int, state: ChunkState) -> None:
+        """Every chunk state change goes through here, so dirty bytes stay exact."""
+        was_dirty, dirty = ch.state in DIRTY_STATES, state in DIRTY_STATES
+        ch.state = state
+        if state is not ChunkState.UPLOADED:
+            ch.etag = None
+        if was_dirty != dirty:
+            self._account(self._chunk_bytes(idx) if dirty else -self._chunk_bytes(idx))
 
     async def _mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None) -> None:
         """Journal the chunks as dirty before the write that touches them is acknowledged."""
@@ -261,14 +273,9 @@ class CacheManager:
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_dirty, cf.fid, need)
             for idx in need:
-                ch = cf.chunks.get(idx)
-                was_clean = ch is None or ch.state is ChunkState.CLEAN
-                if ch is None:
-                    cf.chunks[idx] = Chunk(ChunkState.DIRTY)
-                elif ch.state not in (ChunkState.DIRTY, ChunkState.UPLOADING):
-                    ch.state, ch.etag = ChunkState.DIRTY, None
-                if was_clean:
-                    self._account(self._chunk_bytes(idx))
+                ch = cf.chunks.setdefault(idx, Chunk(ChunkState.CLEAN))
+                if ch.state not in DIRTY_STATES:
+                    self.set_state(ch, idx, ChunkState.DIRTY)
         finally:
             for idx in need:
                 cf.intent_pending.pop(idx, None)
@@ -296,14 +303,11 @@ class CacheManager:
         """A pending chunk reached S3 as part of a committed object: it is clean now."""
         ch = cf.chunks.get(idx)
         if ch is not None and ch.state is ChunkState.UPLOADED:
-            ch.state, ch.etag = ChunkState.CLEAN, None
-            self._account(-self._chunk_bytes(idx))
+            self.set_state(ch, idx, ChunkState.CLEAN)
 
     def _release_dirty(self, cf: CachedFile) -> None:
         for idx, ch in cf.chunks.items():
-            if ch.state in PENDING_STATES:
-                self._account(-self._chunk_bytes(idx))
-                ch.state = ChunkState.CLEAN
+            self.set_state(ch, idx, ChunkState.CLEAN)
 
     async def _wait_for_dirty_room(self, needed: int) -> None:
         """--max-dirty: a writer waits while the flusher drains, instead of failing."""
@@ -332,5 +336,5 @@ class CacheManager:
         assert cf.fid is not None
         self.files[cf.fid] = cf
         for idx, ch in cf.chunks.items():
-            if ch.state in PENDING_STATES:
+            if ch.state in DIRTY_STATES:
                 self._account(self._chunk_bytes(idx))

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_BUCKET = "lakefs-mount"
 JOURNAL_NAME = "journal.db"
+STARTUP_CONNECT_TIMEOUT = 3.0  # seconds per connection attempt of the start-up bucket check
+STARTUP_READ_TIMEOUT = 15.0
+EMBEDDED_STOP_GRACE = 5.0  # seconds weed gets to exit on SIGTERM before SIGKILL
 
 
 class StartupError(Exception):
@@ -56,6 +59,7 @@ def _lock_cache_dir(cache_dir: Path, stack: ExitStack) -> None:
 
 
 def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
+    """The store of this mount, proven usable (bucket exists, credentials work) up front."""
     from lakefs_mount.s3store import S3ObjectStore
 
     if config.bucket is None:
@@ -65,7 +69,8 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
         server = EmbeddedS3(state)
         server.start()
-        stack.callback(server.stop)
+        # weed's filer stalls ~15 s on SIGTERM; its data is already in the OS by then
+        stack.callback(server.stop, EMBEDDED_STOP_GRACE)
         store: ObjectStore = S3ObjectStore(EMBEDDED_BUCKET, endpoint_url=server.endpoint_url,
                                            access_key="embedded", secret_key="embedded")
         server.create_bucket(EMBEDDED_BUCKET)
@@ -73,11 +78,18 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         config.endpoint_url = server.endpoint_url
         log.info("embedded SeaweedFS serves s3://%s at %s (data in %s)",
                  EMBEDDED_BUCKET, server.endpoint_url, state)
-    else:
-        store = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
-                              region=config.region, profile=config.profile,
-                              max_pool=max(32, config.upload_concurrency * 2))
-    store.check_bucket()
+        store.check_bucket()
+        return store
+    store = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
+                          region=config.region, profile=config.profile,
+                          max_pool=max(32, config.upload_concurrency * 2))
+    # The data client retries patiently; the start-up check must fail fast instead, so a
+    # wrong address or a dead server is reported within seconds, not after minutes.
+    probe = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
+                          region=config.region, profile=config.profile, max_pool=1,
+                          connect_timeout=STARTUP_CONNECT_TIMEOUT,
+                          read_timeout=STARTUP_READ_TIMEOUT, max_attempts=2)
+    probe.check_bucket()
     return store
 
 

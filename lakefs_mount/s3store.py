@@ -39,6 +39,12 @@ _AUTH_CODES = frozenset({
     "InvalidSecurity",
 })
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+# What each connection failure means to a user (the class name means nothing to them).
+_CONNECT_FAILURES: dict[type, str] = {
+    bce.EndpointConnectionError: "could not connect",
+    bce.ConnectTimeoutError: "could not connect: connection timed out",
+    bce.ConnectionClosedError: "the connection was closed",
+}
 
 
 def _strip_etag(etag: str | None) -> str:
@@ -151,9 +157,10 @@ class S3ObjectStore:
                 " ~/.aws/credentials") from exc
         if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError
                       | bce.ConnectionClosedError):
+            how = _CONNECT_FAILURES.get(type(exc), "could not connect")
             raise EndpointUnreachable(
-                f"cannot reach the S3 endpoint {self._where} ({type(exc).__name__}): is the"
-                " server running and the address right?") from exc
+                f"S3 endpoint {self._where} is unreachable ({how}): is the server running"
+                " and the address right?") from exc
         if isinstance(exc, bce.ReadTimeoutError):
             raise ObjectStoreError(
                 f"S3 {op} on {where} timed out waiting for {self._where}") from exc

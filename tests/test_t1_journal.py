@@ -1,0 +1,83 @@
+"""The journal's schema, sentinels and transitions (docs/durability.md)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from lakefs_mount.cache.journal import CHUNK_DIRTY, CHUNK_UPLOADED, Journal, PendingFile
+
+
+def _file(j: Journal, key: str = "a") -> PendingFile:
+    rec = PendingFile(j.allocate_fid(), key, 0, stat.S_IFREG | 0o644, 0, 0, 1)
+    j.put_file(rec)
+    return rec
+
+
+def test_journal_file_is_private_and_in_wal_mode(tmp_path):
+    j = Journal(tmp_path / "journal.db")
+    assert stat.S_IMODE(os.stat(tmp_path / "journal.db").st_mode) == 0o600
+    assert j.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_fids_are_never_reused_across_reopen(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    first = j.allocate_fid()
+    j.close()
+    assert Journal(tmp_path / "j.db").allocate_fid() == first + 1
+
+
+def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    j.mark_dirty(rec.fid, [0, 1])
+    j.start_upload(rec.fid, "U1", "a")
+    j.mark_uploaded(rec.fid, 0, "e0")
+    assert j.chunks(rec.fid) == {0: (CHUNK_UPLOADED, "e0"), 1: (CHUNK_DIRTY, None)}
+    j.mark_uploaded(rec.fid, 1, "e1")
+    j.end_upload("U1")
+    j.finish_commit(rec.fid, [0, 1], keep_file=False, base_key="a", base_size=5)
+    assert j.pending_files() == [] and j.chunks(rec.fid) == {}
+    assert j.orphan_uploads() == []
+
+
+def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    j.mark_dirty(rec.fid, [0, 1])
+    j.mark_uploaded(rec.fid, 0, "e0")
+    j.finish_commit(rec.fid, [0], keep_file=True, base_key="a", base_size=10)
+    (left,) = j.pending_files()
+    assert left.base_key == "a" and left.base_size == 10 and left.upload_id is None
+    assert j.chunks(rec.fid) == {1: (CHUNK_DIRTY, None)}
+
+
+def test_upload_no_file_references_is_an_orphan(tmp_path):
+    """D4: an upload created but not (or no longer) referenced is aborted at mount."""
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j, "k")
+    j.start_upload(rec.fid, "U1", "k")
+    assert j.orphan_uploads() == []
+    j.drop_file(rec.fid)
+    assert j.orphan_uploads() == [("k", "U1")]
+
+
+def test_forget_uploads_makes_uploaded_parts_dirty_again(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    j.start_upload(rec.fid, "U1", "a")
+    j.mark_dirty(rec.fid, [3])
+    j.mark_uploaded(rec.fid, 3, "e")
+    j.forget_uploads(rec.fid)
+    assert j.chunks(rec.fid) == {3: (CHUNK_DIRTY, None)}
+    assert j.pending_files()[0].upload_id is None
+
+
+def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    _file(j)
+    j.sync()
+    j.close()
+    again = Journal(tmp_path / "j.db")
+    assert len(again.pending_files()) == 1
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 1

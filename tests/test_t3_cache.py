@@ -1,0 +1,199 @@
+"""The write-back cache and flusher without the kernel, over the in-memory object store.
+
+These pin down the upload protocol (which S3 calls, in which shape); the same
+behaviours are proven end to end through a real mount in tests/test_t4_*.
+"""
+
+from __future__ import annotations
+
+import random
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.cachefile import CachedFile, ChunkState
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.cache.recovery import recover
+from lakefs_mount.layout import PartMap
+from lakefs_mount.memstore import MemoryObjectStore
+from lakefs_mount.uring import open_engine
+
+MiB = 1024 * 1024
+PART = 8 * MiB
+
+
+@dataclass
+class Core:
+    cache: CacheManager
+    flusher: Flusher
+    store: MemoryObjectStore
+    journal: Journal
+
+    def new_file(self, key: str) -> CachedFile:
+        return CachedFile(key=key, size=0, mode=stat.S_IFREG | 0o644, uid=0, gid=0, mtime_ns=1)
+
+    async def write_file(self, key: str, data: bytes, block: int = MiB) -> CachedFile:
+        cf = self.new_file(key)
+        await self.cache.new_file(cf)
+        cf.writers += 1
+        for off in range(0, len(data), block):
+            await self.cache.write(cf, off, data[off:off + block])
+        return cf
+
+    async def close_and_flush(self, cf: CachedFile) -> None:
+        cf.writers -= 1
+        self.flusher.request_commit(cf)
+        await self.flusher.flush([cf])
+
+
+@asynccontextmanager
+async def core(tmp_path: Path, store: MemoryObjectStore | None = None,
+               max_dirty: int = 1 << 40) -> AsyncIterator[Core]:
+    store = store or MemoryObjectStore()
+    journal = Journal(tmp_path / "journal.db")
+    metrics = m.Metrics()
+    async with open_engine("threads") as engine, trio.open_nursery() as nursery:
+        cache = CacheManager(tmp_path, engine, AsyncJournal(journal), AsyncStore(store, metrics),
+                             PartMap(PART), metrics, max_dirty=max_dirty)
+        flusher = Flusher(cache, 4)
+        await nursery.start(flusher.run)
+        yield Core(cache, flusher, store, journal)
+        nursery.cancel_scope.cancel()
+    journal.close()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    trio.run(test)
+
+
+def test_small_file_is_one_put_object(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("small", b"x" * 1000)
+            await c.close_and_flush(cf)
+            assert c.store.objects["small"].body == b"x" * 1000
+            assert c.store.calls["put"] == 1 and c.store.calls["create_multipart"] == 0
+            assert c.journal.pending_files() == []
+    run(body)
+
+
+def test_full_chunks_stream_as_parts_before_close(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            data = random.randbytes(3 * PART + 5)
+            cf = await c.write_file("big", data)
+            with trio.fail_after(10):
+                while c.store.calls["upload_part"] < 3:
+                    await trio.sleep(0.01)
+            assert "big" not in c.store.objects  # still open: not committed
+            await c.close_and_flush(cf)
+            assert c.store.objects["big"].body == data
+            assert c.store.calls["upload_part"] == 4  # three streamed, the tail at close
+    run(body)
+
+
+def test_random_overwrites_before_close_are_in_the_object(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            expected = bytearray(random.randbytes(4 * PART + 77))
+            cf = await c.write_file("f", bytes(expected))
+            rnd = random.Random(7)
+            for _ in range(40):
+                off = rnd.randrange(len(expected) - 5000)
+                patch = rnd.randbytes(rnd.randrange(1, 5000))
+                expected[off:off + len(patch)] = patch
+                await c.cache.write(cf, off, patch)
+            await c.close_and_flush(cf)
+            assert c.store.objects["f"].body == bytes(expected)
+    run(body)
+
+
+def test_editing_a_committed_object_copies_unchanged_parts_server_side(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            data = random.randbytes(4 * PART)
+            cf = await c.write_file("f", data)
+            await c.close_and_flush(cf)
+            uploads_before = c.store.calls["upload_part"]
+            cf.chunks.clear()  # as after a remount: nothing cached
+            cf.writers += 1
+            await c.cache.write(cf, PART + 10, b"patch")
+            await c.close_and_flush(cf)
+            want = data[:PART + 10] + b"patch" + data[PART + 15:]
+            assert c.store.objects["f"].body == want
+            assert c.store.calls["upload_part"] - uploads_before == 1
+            assert c.store.calls["upload_part_copy"] == 3
+    run(body)
+
+
+def test_truncate_then_grow_reads_zeros_and_commits_them(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("t", b"a" * (PART + 100))
+            await c.cache.truncate(cf, 10)
+            await c.cache.truncate(cf, PART * 2 + 1)
+            assert await c.cache.read(cf, 0, 20) == b"a" * 10 + bytes(10)
+            await c.close_and_flush(cf)
+            assert c.store.objects["t"].body == b"a" * 10 + bytes(PART * 2 + 1 - 10)
+    run(body)
+
+
+def test_recovery_rebuilds_pending_files_and_aborts_orphans(tmp_path):
+    """D1 + D4 without the kernel: a fresh core on the same cache dir finishes the job."""
+    store = MemoryObjectStore()
+    data = random.randbytes(2 * PART + 3)
+
+    async def crash() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("r", data)
+            with trio.fail_after(10):
+                while sum(st == "uploaded" for st, _ in c.journal.chunks(cf.fid).values()) < 2:
+                    await trio.sleep(0.01)
+            orphan = store.create_multipart("orphan", {})
+            c.journal.start_upload(cf.fid, orphan, "orphan")  # then superseded below
+            c.journal.start_upload(cf.fid, cf.upload_id, cf.upload_key)
+
+    async def remount() -> None:
+        async with core(tmp_path, store) as c:
+            files, report = await recover(c.cache)
+            assert report.files == 1 and report.orphan_uploads_aborted == 1
+            assert report.uploaded_parts_kept == 2
+            await c.flusher.flush(files)
+            assert store.objects["r"].body == data
+            assert store.uploads == {}
+
+    trio.run(crash)
+    trio.run(remount)
+
+
+def test_max_dirty_makes_writers_wait_for_the_flusher(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path, max_dirty=2 * PART) as c:
+            data = random.randbytes(6 * PART)
+            cf = await c.write_file("bp", data)
+            assert c.cache.metrics[m.WRITER_WAITS] >= 1
+            assert c.cache.dirty_bytes <= 3 * PART
+            await c.close_and_flush(cf)
+            assert c.store.objects["bp"].body == data
+    run(body)
+
+
+def test_a_write_during_an_upload_sends_the_chunk_again(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("w", b"1" * (2 * PART))
+            with trio.fail_after(10):
+                while cf.state(0) is ChunkState.DIRTY:
+                    await trio.sleep(0)
+            await c.cache.write(cf, 0, b"2")
+            await c.close_and_flush(cf)
+            assert c.store.objects["w"].body[:2] == b"21"
+    run(body)
