@@ -67,6 +67,8 @@ class CachedFile:
     upload_lock: trio.Lock = field(default_factory=trio.Lock)
     error_streak: int = 0
     last_error: str | None = None
+    read_next: int = -1  # where a sequential reader reads next (readahead trigger)
+    io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
 
     @property
     def pending(self) -> bool:

@@ -172,7 +172,7 @@ class Flusher:
     def _uploaded_to_dirty(self, cf: CachedFile) -> None:
         for idx, ch in cf.chunks.items():
             if ch.state is ChunkState.UPLOADED:
-                self.cache.set_state(ch, idx, ChunkState.DIRTY)
+                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
 
     # -- parts ------------------------------------------------------------------------
 
@@ -191,7 +191,7 @@ class Flusher:
         end = min(end, cf.size)
         if end <= start:
             return
-        self.cache.set_state(ch, idx, ChunkState.UPLOADING)
+        self.cache.set_state(cf, ch, idx, ChunkState.UPLOADING)
         ch.settled = trio.Event()
         gen = ch.gen
         try:
@@ -208,18 +208,18 @@ class Flusher:
                     self.in_flight -= 1
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
-                self.cache.set_state(ch, idx, ChunkState.DIRTY)
+                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
             ch.settled.set()
             raise
         self.metrics[m.PARTS_UPLOADED] += 1
         self.metrics[m.BYTES_UPLOADED] += end - start
         if ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch:
-            self.cache.set_state(ch, idx, ChunkState.UPLOADED)
+            self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
             ch.etag, ch.length = str(etag), end - start
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
         elif ch.state is ChunkState.UPLOADING:
-            self.cache.set_state(ch, idx, ChunkState.DIRTY)  # written meanwhile: goes up again
+            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # written meanwhile: goes up again
         ch.settled.set()
         self._progress_changed()
 
@@ -303,7 +303,7 @@ class Flusher:
             committed = []
             for i, (ch, gen) in sent.items():
                 if cf.chunks.get(i) is ch and ch.gen == gen and ch.state is ChunkState.DIRTY:
-                    self.cache.set_state(ch, i, ChunkState.UPLOADED)  # made clean below
+                    self.cache.set_state(cf, ch, i, ChunkState.UPLOADED)  # made clean below
                     committed.append(i)
         else:
             key, upload_id = await self._ensure_upload(cf)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import (
     DIRTY_STATES,
     CachedFile,
@@ -26,7 +28,7 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.journal import AsyncJournal, PendingFile
 from lakefs_mount.layout import PartMap
-from lakefs_mount.uring import IoEngine
+from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 class CacheManager:
     def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
-                 max_dirty: int) -> None:
+                 max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4) -> None:
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.engine = engine
@@ -46,10 +48,22 @@ class CacheManager:
         self.dirty_bytes = 0
         self._dirty_changed = trio.Condition()
         self.files: dict[int, CachedFile] = {}  # by fid: every file with a cache file
+        self.budget = CacheBudget(cache_size)
+        self.read_ahead = read_ahead
+        self._fetch_slots = trio.Semaphore(read_ahead + 2)  # chunk buffers held by GETs
+        self._nursery: trio.Nursery | None = None
+        self._evicting = False
         # Set by the flusher: called when a full chunk can go up while writing continues.
         self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
         self.on_pressure: Callable[[], None] = lambda: None
         self.uploads_busy: Callable[[], bool] = lambda: False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Owns the background work of the cache: readahead and eviction."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     # -- cache files ------------------------------------------------------------------
 
@@ -57,11 +71,13 @@ class CacheManager:
         return self.data_dir / str(fid)
 
     async def _ensure_fd(self, cf: CachedFile) -> int:
+        if cf.fid is None:
+            fid = await self.journal(self.journal.sync.allocate_fid)
+            if cf.fid is None:  # a concurrent task may have allocated one meanwhile
+                cf.fid = fid
         if cf.fd is None:
-            if cf.fid is None:
-                cf.fid = await self.journal(self.journal.sync.allocate_fid)
-            path = self.cache_path(cf.fid)
-            cf.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            cf.fd = os.open(self.cache_path(cf.fid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                            0o600)
             self.files[cf.fid] = cf
         return cf.fd
 
@@ -122,12 +138,94 @@ class CacheManager:
 
     def close_file(self, cf: CachedFile) -> None:
         """Last handle closed on an unlinked file: its cache file goes away."""
-        if cf.fd is not None:
+        for idx in list(cf.chunks):
+            self._remove_chunk(cf, idx)
+        if cf.fd is not None and cf.io_busy == 0:
             os.close(cf.fd)
             cf.fd = None
         if cf.fid is not None:
             self.files.pop(cf.fid, None)
             self.cache_path(cf.fid).unlink(missing_ok=True)
+
+    def release_idle_fd(self, cf: CachedFile) -> None:
+        """No handle, no pending data, no I/O: give the descriptor back (fds are bounded)."""
+        if (cf.fd is not None and cf.openers == 0 and not cf.pending and cf.io_busy == 0
+                and not cf.fetching):
+            os.close(cf.fd)
+            cf.fd = None
+
+    @asynccontextmanager
+    async def _io(self, cf: CachedFile) -> AsyncIterator[int]:
+        """The cache file's descriptor, kept open while an engine request uses it."""
+        fd = await self._ensure_fd(cf)
+        cf.io_busy += 1
+        try:
+            yield fd
+        finally:
+            cf.io_busy -= 1
+
+    # -- chunk bookkeeping ------------------------------------------------------------
+
+    def _new_chunk(self, cf: CachedFile, idx: int) -> Chunk:
+        ch = cf.chunks.get(idx)
+        if ch is None:
+            ch = cf.chunks[idx] = Chunk(ChunkState.CLEAN)
+            self.budget.added(self._chunk_bytes(idx))
+            self.budget.clean((cf, idx), self._chunk_bytes(idx))
+            self._maybe_evict()
+        return ch
+
+    def _remove_chunk(self, cf: CachedFile, idx: int) -> None:
+        ch = cf.chunks.get(idx)
+        if ch is None:
+            return
+        self.set_state(cf, ch, idx, ChunkState.CLEAN)
+        del cf.chunks[idx]
+        self.budget.not_clean((cf, idx))
+        self.budget.removed(self._chunk_bytes(idx))
+
+    def invalidate(self, cf: CachedFile) -> None:
+        """The object changed in S3: cached clean bytes of the old version are void."""
+        for idx in [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]:
+            self._remove_chunk(cf, idx)
+
+    def _maybe_evict(self) -> None:
+        if self.budget.over and not self._evicting and self._nursery is not None:
+            self._evicting = True
+            self._nursery.start_soon(self._evict)
+
+    async def _evict(self) -> None:
+        """Punch out least recently used clean chunks until the cache fits its budget."""
+        try:
+            while self.budget.over:
+                victims = self.budget.victims(self.budget.over + self.budget.capacity // 10)
+                if not victims:
+                    return  # only dirty or pinned data left: writers wait on --max-dirty
+                for cf, idx in victims:
+                    ch = cf.chunks.get(idx)
+                    if self.budget.pinned((cf, idx)):
+                        continue  # pinned since the victims were chosen
+                    if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
+                        self.budget.not_clean((cf, idx))
+                        continue
+                    await self._punch(cf, idx)
+        finally:
+            self._evicting = False
+
+    async def _punch(self, cf: CachedFile, idx: int) -> None:
+        busy = trio.Event()  # readers and writers of this chunk wait for the hole
+        cf.fetching[idx] = busy
+        self._remove_chunk(cf, idx)
+        start, end = self.parts.chunk_range(idx)
+        try:
+            if cf.fid is not None and self.cache_path(cf.fid).exists():
+                async with self._io(cf) as fd:
+                    await self.engine.fallocate(fd, FALLOC_PUNCH_HOLE, start, end - start)
+            self.metrics[m.CACHE_EVICTIONS] += 1
+        finally:
+            del cf.fetching[idx]
+            busy.set()
+            self.release_idle_fd(cf)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -135,14 +233,48 @@ class CacheManager:
         end = min(cf.size, offset + size)
         if end <= offset:
             return b""
-        for idx in self.parts.chunks_between(offset, end):
+        touched = self.parts.chunks_between(offset, end)
+        sequential = offset == cf.read_next or offset == 0
+        cf.read_next = end
+        if sequential:
+            self._read_ahead(cf, touched[-1])
+        with self._pinned(cf, touched):
+            for idx in touched:
+                await self._ensure_chunk(cf, idx)
+                self.budget.touch((cf, idx))
+            return await self._read_cached(cf, offset, end)
+
+    @contextmanager
+    def _pinned(self, cf: CachedFile, indices: range | list[int]) -> Iterator[None]:
+        """Chunks in use by a read or write: eviction leaves them alone."""
+        refs = [(cf, idx) for idx in indices]
+        for ref in refs:
+            self.budget.pin(ref)
+        try:
+            yield
+        finally:
+            for ref in refs:
+                self.budget.unpin(ref)
+
+    def _read_ahead(self, cf: CachedFile, last: int) -> None:
+        """A sequential reader: fetch the next chunks in parallel before it asks."""
+        if self._nursery is None or cf.base_key is None:
+            return
+        stop = min(last + 1 + self.read_ahead, self.parts.chunk_count(cf.base_size))
+        for idx in range(last + 1, stop):
+            if idx not in cf.chunks and idx not in cf.fetching:
+                self._nursery.start_soon(self._prefetch, cf, idx)
+
+    async def _prefetch(self, cf: CachedFile, idx: int) -> None:
+        try:
             await self._ensure_chunk(cf, idx)
-        return await self._read_cached(cf, offset, end)
+        except Exception as exc:  # the reader itself will fetch (and report) it
+            log.debug("readahead of %s chunk %d failed: %s", cf.key, idx, exc)
 
     async def _read_cached(self, cf: CachedFile, start: int, end: int) -> bytes:
         """Bytes [start, end) of the cache file; holes and a short cache file read as zeros."""
-        fd = await self._ensure_fd(cf)
-        data = await self.engine.read(fd, end - start, start)
+        async with self._io(cf) as fd:
+            data = await self.engine.read(fd, end - start, start)
         if len(data) < end - start:
             data += bytes(end - start - len(data))
         return data
@@ -168,17 +300,18 @@ class CacheManager:
             await waiting.wait()  # a concurrent reader fetches it; share its GET
         start, end = self._base_span(cf, idx)
         if end <= start:
-            cf.chunks[idx] = Chunk(ChunkState.CLEAN)  # a hole: zeros in the sparse file
+            self._new_chunk(cf, idx)  # a hole: zeros in the sparse file
             return
         done = trio.Event()
         cf.fetching[idx] = done
         try:
             assert cf.base_key is not None
-            data = await self.store.get_range(cf.base_key, start, end)
-            fd = await self._ensure_fd(cf)
-            await self.engine.write(fd, data, start)
-            if idx not in cf.chunks:
-                cf.chunks[idx] = Chunk(ChunkState.CLEAN)
+            async with self._fetch_slots:
+                data = await self.store.get_range(cf.base_key, start, end)
+                async with self._io(cf) as fd:
+                    await self.engine.write(fd, data, start)
+                del data
+            self._new_chunk(cf, idx)
         finally:
             del cf.fetching[idx]
             done.set()
@@ -190,15 +323,22 @@ class CacheManager:
         if end <= offset:
             return 0
         touched = self.parts.chunks_between(offset, end)
+        with self._pinned(cf, touched):
+            return await self._write_pinned(cf, offset, end, data, touched)
+
+    async def _write_pinned(self, cf: CachedFile, offset: int, end: int,
+                            data: bytes | memoryview, touched: range) -> int:
         for idx in touched:
+            while idx in cf.fetching:  # a fetch or an eviction of this chunk is under way
+                await cf.fetching[idx].wait()
             if idx not in cf.chunks:
                 bstart, bend = self._base_span(cf, idx)
                 if bend > bstart and not (offset <= bstart and end >= bend):
                     await self._ensure_chunk(cf, idx)  # keep the bytes the write leaves
         grows_from = cf.size if end > cf.size else None
         await self._mark_dirty(cf, list(touched), grows_from)
-        fd = await self._ensure_fd(cf)
-        await self.engine.write(fd, data, offset)
+        async with self._io(cf) as fd:
+            await self.engine.write(fd, data, offset)
         for idx in touched:
             cf.chunks[idx].gen += 1
         if end > cf.size:
@@ -218,11 +358,12 @@ class CacheManager:
         if size < old:
             if size > 0:
                 last = self.parts.chunk_of(size - 1)
-                await self._ensure_chunk(cf, last)
-                await self._mark_dirty(cf, [last], None)
+                with self._pinned(cf, [last]):
+                    await self._ensure_chunk(cf, last)
+                    await self._mark_dirty(cf, [last], None)
             first_gone = self.parts.chunk_count(size)
             for idx in [i for i in cf.chunks if i >= first_gone]:
-                self._drop_chunk(cf, idx)
+                self._remove_chunk(cf, idx)
             if cf.in_journal:
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.drop_chunks_from, cf.fid, first_gone)
@@ -236,13 +377,15 @@ class CacheManager:
         cf.size = size
         await self.save_attrs(cf)
 
-    def _drop_chunk(self, cf: CachedFile, idx: int) -> None:
-        self.set_state(cf.chunks.pop(idx), idx, ChunkState.CLEAN)
-
-    def set_state(self, ch: Chunk, idx: int, state: ChunkState) -> None:
+    def set_state(self, cf: CachedFile, ch: Chunk, idx: int, state: ChunkState) -> None:
         """Every chunk state change goes through here, so dirty bytes stay exact."""
         was_dirty, dirty = ch.state in DIRTY_STATES, state in DIRTY_STATES
         ch.state = state
+        ref = (cf, idx)
+        if state is ChunkState.CLEAN:
+            self.budget.clean(ref, self._chunk_bytes(idx))
+        else:
+            self.budget.not_clean(ref)
         if state is not ChunkState.UPLOADED:
             ch.etag = None
         if was_dirty != dirty:
@@ -254,8 +397,9 @@ class CacheManager:
             # Bytes past the old end were a hole; the old last chunk's part must grow too.
             tail = self.parts.chunk_of(grows_from - 1)
             if self.parts.chunk_range(tail)[1] > grows_from and tail not in indices:
-                await self._ensure_chunk(cf, tail)
-                indices = [tail, *indices]
+                with self._pinned(cf, [tail]):
+                    await self._ensure_chunk(cf, tail)
+                    await self._mark_dirty(cf, [tail], None)
         for idx in indices:
             pending = cf.intent_pending.get(idx)
             if pending is not None:
@@ -273,9 +417,9 @@ class CacheManager:
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_dirty, cf.fid, need)
             for idx in need:
-                ch = cf.chunks.setdefault(idx, Chunk(ChunkState.CLEAN))
+                ch = self._new_chunk(cf, idx)
                 if ch.state not in DIRTY_STATES:
-                    self.set_state(ch, idx, ChunkState.DIRTY)
+                    self.set_state(cf, ch, idx, ChunkState.DIRTY)
         finally:
             for idx in need:
                 cf.intent_pending.pop(idx, None)
@@ -303,11 +447,11 @@ class CacheManager:
         """A pending chunk reached S3 as part of a committed object: it is clean now."""
         ch = cf.chunks.get(idx)
         if ch is not None and ch.state is ChunkState.UPLOADED:
-            self.set_state(ch, idx, ChunkState.CLEAN)
+            self.set_state(cf, ch, idx, ChunkState.CLEAN)
 
     def _release_dirty(self, cf: CachedFile) -> None:
         for idx, ch in cf.chunks.items():
-            self.set_state(ch, idx, ChunkState.CLEAN)
+            self.set_state(cf, ch, idx, ChunkState.CLEAN)
 
     async def _wait_for_dirty_room(self, needed: int) -> None:
         """--max-dirty: a writer waits while the flusher drains, instead of failing."""
@@ -328,7 +472,8 @@ class CacheManager:
     async def fsync(self, cf: CachedFile, datasync: bool) -> None:
         """Local durability: the cache file and the journal reach the disk."""
         if cf.fd is not None:
-            await self.engine.fsync(cf.fd, datasync=True)
+            async with self._io(cf) as fd:
+                await self.engine.fsync(fd, datasync=True)
         await self.journal(self.journal.sync.sync)
 
     def adopt(self, cf: CachedFile) -> None:
@@ -336,5 +481,6 @@ class CacheManager:
         assert cf.fid is not None
         self.files[cf.fid] = cf
         for idx, ch in cf.chunks.items():
+            self.budget.added(self._chunk_bytes(idx))
             if ch.state in DIRTY_STATES:
                 self._account(self._chunk_bytes(idx))

@@ -114,13 +114,15 @@ class Daemon:
             self.engine_name = engine.name
             self.cache = CacheManager(config.resolved_cache_dir(), engine, self.journal,
                                       self.store, self.parts, self.metrics,
-                                      max_dirty=config.max_dirty)
+                                      max_dirty=config.max_dirty, cache_size=config.cache_size,
+                                      read_ahead=config.read_ahead)
             self.flusher = Flusher(self.cache, config.upload_concurrency)
             owner = (os.getuid(), os.getgid())
             self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
                 files, _ = await recover(self.cache)
                 for cf in files:

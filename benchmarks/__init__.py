@@ -1,0 +1,1 @@
+"""lakefs-mount benchmark suite: `python -m benchmarks run [--quick]` (see README.md)."""

