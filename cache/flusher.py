@@ -55,7 +55,7 @@ class Flusher:
         self._nursery: trio.Nursery | None = None
         cache.on_chunk_full = self.schedule_part
         cache.on_pressure = self._drain_all_full_chunks
-        cache.uploads_busy = lambda: self.in_flight > 0 or bool(self._part_queue)
+        cache.uploads_busy = self.busy
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -74,6 +74,11 @@ class Flusher:
                         self._commit_wanted.discard(cf)
                         self._committing.add(cf)
                         nursery.start_soon(self._commit_task, cf)
+
+    def busy(self) -> bool:
+        """True while uploads or commits are under way or queued: data will drain."""
+        return bool(self.in_flight or self._part_queue or self._committing
+                    or self._commit_wanted)
 
     def schedule_part(self, cf: CachedFile, idx: int) -> None:
         """A full chunk of a file still being written: upload it now."""
@@ -112,7 +117,7 @@ class Flusher:
             failing = [cf for cf, _ in left if cf.error_streak >= ERRORS_BEFORE_FLUSH_FAILS]
             if failing:
                 raise FlushFailed(
-                    f"S3 keeps failing for {failing[0].key}: {failing[0].last_error}; "
+                    f"uploading {failing[0].key} keeps failing: {failing[0].last_error}; "
                     f"{len(left)} file(s) not yet committed (the daemon keeps retrying)")
             if callable(on_progress):
                 await on_progress(self.progress([cf for cf, _ in left]))
@@ -181,6 +186,15 @@ class Flusher:
             await self._upload_chunk(cf, idx)
         except NoSuchUpload:
             await self._forget_upload(cf)
+        except Exception as exc:  # never take the daemon down; the commit retries it
+            self._background_failure(cf, f"upload of part {idx + 1}", exc)
+
+    def _background_failure(self, cf: CachedFile, what: str, exc: Exception) -> None:
+        """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
+        log.error("%s of %s failed: %s", what, cf.key, exc, exc_info=True)
+        cf.error_streak += 1
+        cf.last_error = f"{what}: {exc}"
+        self._progress_changed()
 
     async def _upload_chunk(self, cf: CachedFile, idx: int) -> None:
         """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile."""
@@ -254,6 +268,7 @@ class Flusher:
     # -- commits ----------------------------------------------------------------------
 
     async def _commit_task(self, cf: CachedFile) -> None:
+        failed = False
         try:
             async with self._commit_limiter, cf.commit_lock:
                 while True:
@@ -262,11 +277,17 @@ class Flusher:
                         break
                     except NoSuchUpload:
                         await self._forget_upload(cf)
+        except Exception as exc:
+            failed = True
+            self._background_failure(cf, "commit", exc)
         finally:
             self._committing.discard(cf)
             self._progress_changed()
+        if failed:
+            await trio.sleep(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
+        self.cache.release_idle_fd(cf)
 
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:

@@ -9,6 +9,7 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,6 +32,9 @@ from lakefs_mount.layout import PartMap
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 
 log = logging.getLogger(__name__)
+
+ENOSPC_PATIENCE = 60.0  # seconds a writer waits for uploads to free a full cache disk
+JOURNAL_RESERVE = 32 * 1024 * 1024  # free space kept for the journal (10 % on tiny disks)
 
 
 class CacheManager:
@@ -198,19 +202,25 @@ class CacheManager:
         """Punch out least recently used clean chunks until the cache fits its budget."""
         try:
             while self.budget.over:
-                victims = self.budget.victims(self.budget.over + self.budget.capacity // 10)
-                if not victims:
+                if not await self.evict_bytes(self.budget.over + self.budget.capacity // 10):
                     return  # only dirty or pinned data left: writers wait on --max-dirty
-                for cf, idx in victims:
-                    ch = cf.chunks.get(idx)
-                    if self.budget.pinned((cf, idx)):
-                        continue  # pinned since the victims were chosen
-                    if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
-                        self.budget.not_clean((cf, idx))
-                        continue
-                    await self._punch(cf, idx)
         finally:
             self._evicting = False
+
+    async def evict_bytes(self, nbytes: int) -> int:
+        """Evict at least `nbytes` of clean chunks if there are that many; returns bytes freed."""
+        freed = 0
+        victims = self.budget.victims(nbytes)
+        for cf, idx in victims:
+            ch = cf.chunks.get(idx)
+            if self.budget.pinned((cf, idx)):
+                continue  # pinned since the victims were chosen
+            if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
+                self.budget.not_clean((cf, idx))
+                continue
+            await self._punch(cf, idx)
+            freed += self._chunk_bytes(idx)
+        return freed
 
     async def _punch(self, cf: CachedFile, idx: int) -> None:
         busy = trio.Event()  # readers and writers of this chunk wait for the hole
@@ -337,8 +347,7 @@ class CacheManager:
                     await self._ensure_chunk(cf, idx)  # keep the bytes the write leaves
         grows_from = cf.size if end > cf.size else None
         await self._mark_dirty(cf, list(touched), grows_from)
-        async with self._io(cf) as fd:
-            await self.engine.write(fd, data, offset)
+        await self._write_room_permitting(cf, data, offset)
         for idx in touched:
             cf.chunks[idx].gen += 1
         if end > cf.size:
@@ -350,6 +359,54 @@ class CacheManager:
             if prev is not None and prev.state is ChunkState.DIRTY:
                 self.on_chunk_full(cf, first - 1)
         return len(data)
+
+    async def _ensure_disk_room(self, needed: int) -> None:
+        """Before new dirty chunks: room for them plus a reserve the journal always keeps.
+
+        The journal must never be the thing that hits a full disk: an intent that cannot
+        be recorded would leave a write that cannot be acknowledged safely.
+        """
+        deadline = trio.current_time() + ENOSPC_PATIENCE
+        while True:
+            st = os.statvfs(self.data_dir)
+            free = st.f_bavail * st.f_frsize
+            reserve = min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
+            if free - needed >= reserve:
+                return
+            self.metrics[m.CACHE_FULL_WAITS] += 1
+            if await self.evict_bytes(needed + reserve - free):
+                continue
+            if trio.current_time() > deadline or not self.uploads_busy():
+                log.error("cache disk %s is full: nothing left to evict or upload",
+                          self.data_dir)
+                raise OSError(errno.ENOSPC, "cache disk full")
+            self.on_pressure()
+            await trio.sleep(0.2)
+
+    async def _write_room_permitting(self, cf: CachedFile, data: bytes | memoryview,
+                                     offset: int) -> None:
+        """A full cache disk: evict clean data, then wait for uploads; ENOSPC only after that.
+
+        The chunk is journalled dirty already; a failed write leaves its old bytes (fetched
+        before) or zeros in the cache file, which is what a short write promises anyway.
+        """
+        deadline = trio.current_time() + ENOSPC_PATIENCE
+        while True:
+            try:
+                async with self._io(cf) as fd:
+                    await self.engine.write(fd, data, offset)
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.metrics[m.CACHE_FULL_WAITS] += 1
+                if await self.evict_bytes(2 * len(data) + self.parts.part_size):
+                    continue
+                if trio.current_time() > deadline or not self.uploads_busy():
+                    log.error("cache disk full: nothing left to evict or upload for %s", cf.key)
+                    raise
+                self.on_pressure()
+                await trio.sleep(0.2)
 
     async def truncate(self, cf: CachedFile, size: int) -> None:
         old = cf.size
@@ -408,7 +465,9 @@ class CacheManager:
                 if cf.state(i) not in (ChunkState.DIRTY, ChunkState.UPLOADING)]
         if not need:
             return
-        await self._wait_for_dirty_room(sum(self._chunk_bytes(i) for i in need))
+        needed = sum(self._chunk_bytes(i) for i in need)
+        await self._wait_for_dirty_room(needed)
+        await self._ensure_disk_room(needed)
         await self._ensure_journalled(cf)
         done = trio.Event()
         for idx in need:

@@ -153,14 +153,17 @@ class FileSystem:
                 await self._put_dir_marker(inode)
             return self.attr(inode)
         cf = inode.file
-        if size is not None:
-            if inode.kind is not Kind.FILE:
-                raise FSError(errno.EINVAL)
-            await self.cache.truncate(cf, size)
-            if mtime_ns is None:
-                mtime_ns = time.time_ns()
-        inode.set_attrs(mode, uid, gid, mtime_ns)
-        await self.cache.save_attrs(cf)
+        if size is not None and inode.kind is not Kind.FILE:
+            raise FSError(errno.EINVAL)
+        # A commit finishing meanwhile would drop the journal row this change writes to.
+        async with cf.commit_lock:
+            if size is not None:
+                async with s3_errors(f"truncating {cf.key}"):
+                    await self.cache.truncate(cf, size)
+                if mtime_ns is None:
+                    mtime_ns = time.time_ns()
+            inode.set_attrs(mode, uid, gid, mtime_ns)
+            await self.cache.save_attrs(cf)
         if cf.writers == 0:
             self.flusher.request_commit(cf)
         return self.attr(inode)
@@ -221,6 +224,7 @@ class FileSystem:
             raise FSError(errno.ENOTDIR)
         async with s3_errors(f"listing {self.ns.key_of(inode)}"):
             await self.ns.ensure_listed(inode)
+            await self.ns.ensure_children_headed(inode)
         fh = self._new_fh()
         self._dir_handles[fh] = sorted(inode.children.items(), key=lambda kv: kv[1])
         return fh
@@ -259,6 +263,8 @@ class FileSystem:
         assert cf is not None
         async with cf.commit_lock:
             if cf.base_key is not None:
+                if cf.openers:
+                    await self._cache_whole_file(cf)
                 async with s3_errors(f"DELETE {cf.base_key}"):
                     await self.store.delete(cf.base_key)
             await self.cache.discard(cf)
@@ -266,6 +272,13 @@ class FileSystem:
         parent.dir_mtime_ns = time.time_ns()
         if cf.openers == 0:
             self.cache.close_file(cf)
+
+    async def _cache_whole_file(self, cf: CachedFile) -> None:
+        """An open file is about to lose its object: its open handles read from the cache."""
+        parts = self.cache.parts
+        async with s3_errors(f"reading {cf.key} before unlink"):
+            for idx in range(parts.chunk_count(cf.size)):
+                await self.cache.read(cf, parts.chunk_range(idx)[0], 1)
 
     async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
         parent = await self._new_name(parent_ino, name)
@@ -350,7 +363,14 @@ class FileSystem:
 
     async def _move_object(self, src: str, dst: str) -> None:
         async with self._copy_limiter, s3_errors(f"rename {src} -> {dst}"):
-            await self.store.copy(src, dst, None)
+            if src.endswith("/"):
+                # A directory marker: some stores (SeaweedFS) cannot CopyObject a key
+                # ending in "/", and it has no content worth copying anyway.
+                info = await self.store.head(src)
+                await self.store.call(self.store.sync.put, dst, b"",
+                                      info.metadata if info is not None else {})
+            else:
+                await self.store.copy(src, dst, None)
             await self.store.delete(src)
 
     async def _rename_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
@@ -375,10 +395,14 @@ class FileSystem:
         for lock in locks:
             await lock.acquire()
         try:
-            async with trio.open_nursery() as nursery:
-                for obj in objects:
-                    nursery.start_soon(self._move_object, obj.key,
-                                       new_prefix + obj.key[len(old_prefix):])
+            try:
+                async with trio.open_nursery() as nursery:
+                    for obj in objects:
+                        nursery.start_soon(self._move_object, obj.key,
+                                           new_prefix + obj.key[len(old_prefix):])
+            except ExceptionGroup as group:
+                first = group.exceptions[0]
+                raise FSError(first.errno if isinstance(first, FSError) else errno.EIO) from group
             self.ns.move(inode, dst_parent, name)
             for cf in files:
                 base = cf.base_key
@@ -423,8 +447,9 @@ class FileSystem:
         fh = self._new_fh()
         self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND))
         if writable and flags & os.O_TRUNC and cf.size:
-            await self.cache.truncate(cf, 0)
-            cf.mtime_ns = time.time_ns()
+            async with cf.commit_lock:  # as in setattr: no commit may drop the journal row
+                await self.cache.truncate(cf, 0)
+                cf.mtime_ns = time.time_ns()
         return fh
 
     async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
@@ -481,6 +506,8 @@ class FileSystem:
             if cf.writers == 0:
                 self.flusher.request_commit(cf)
         if cf.openers == 0 and cf.unlinked:
+            if cf.in_journal:  # written after the unlink: nothing of it may be recovered
+                await self.cache.discard(cf)
             self.cache.close_file(cf)
 
     # -- flush and status ---------------------------------------------------------------

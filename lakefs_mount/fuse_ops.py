@@ -46,6 +46,9 @@ async def _call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise pyfuse3.FUSEError(exc.errno) from None
     except pyfuse3.FUSEError:
         raise
+    except OSError as exc:  # e.g. ENOSPC from a full cache disk: the caller sees why
+        log.error("%s failed: %s", getattr(fn, "__name__", fn), exc)
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
     except Exception:
         log.exception("internal error in %s", getattr(fn, "__name__", fn))
         raise pyfuse3.FUSEError(errno.EIO) from None

@@ -22,6 +22,7 @@ ORPHAN_UPLOADS_ABORTED = "orphan_uploads_aborted"
 RECOVERED_FILES = "recovered_files"
 CACHE_EVICTIONS = "cache_evictions"
 WRITER_WAITS = "writer_waits"  # writes that waited for --max-dirty backpressure
+CACHE_FULL_WAITS = "cache_full_waits"  # cache-file writes that hit ENOSPC and made room
 
 
 class Metrics(Counter[str]):

@@ -15,6 +15,8 @@ import stat
 import time
 from dataclasses import dataclass, field
 
+import trio
+
 from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.layout import decode_attrs
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 ROOT_INO = 1
 DEFAULT_FILE_MODE = stat.S_IFREG | 0o644
 DEFAULT_DIR_MODE = stat.S_IFDIR | 0o755
+HEAD_CONCURRENCY = 32
 
 
 class Kind(enum.Enum):
@@ -256,6 +259,30 @@ class Namespace:
             return
         self.apply_metadata(inode, info)
 
+    async def ensure_children_headed(self, dir_inode: Inode) -> None:
+        """HEAD the listed files of a directory before readdir hands out their attributes.
+
+        readdirplus gives the kernel each entry's type and attributes; a listing knows
+        neither a symlink from a file nor the stored mode, and the kernel refuses an inode
+        whose type changes later (EIO). The HEADs run concurrently, bounded.
+        """
+        todo = [self.inodes[ino] for ino in dir_inode.children.values()
+                if ino in self.inodes and not self.inodes[ino].headed]
+        if not todo:
+            return
+        limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
+
+        async def head(inode: Inode) -> None:
+            async with limiter:
+                await self.ensure_headed(inode)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for inode in todo:
+                    nursery.start_soon(head, inode)
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from group
+
     def apply_metadata(self, inode: Inode, info: ObjectInfo) -> None:
         cf = inode.file
         assert cf is not None
@@ -272,7 +299,6 @@ class Namespace:
         if attrs.is_symlink:
             inode.kind = Kind.SYMLINK
             cf.mode = stat.S_IFLNK | 0o777
-
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""

@@ -190,16 +190,18 @@ def test_chmod_of_committed_file_changes_metadata_but_not_content(work):
     assert work.body("c") == b"content"
 
 
-def test_chmod_of_directory_is_metadata_of_its_marker(work):
+def test_chmod_chown_of_directory_hold_for_the_mount_and_rewrite_its_marker(work):
     os.mkdir(work.path / "d")
+    (work.path / "d" / "f").write_bytes(b"x")
     os.chmod(work.path / "d", 0o700)
     os.chown(work.path / "d", 42, 43)
-    meta = work.head("d/").metadata
-    assert int(meta["mode"]) == stat.S_IFDIR | 0o700
-    assert (int(meta["uid"]), int(meta["gid"])) == (42, 43)
+    st = os.stat(work.path / "d")
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, 42, 43)
+    assert work.head("d/") is not None  # metadata on it is kept only by some stores
+    assert (work.path / "d" / "f").read_bytes() == b"x"
 
 
-def test_attributes_of_files_dirs_and_symlinks_survive_remount_with_empty_cache(
+def test_attributes_of_files_and_symlinks_survive_remount_with_empty_cache(
         mount_factory, s3):
     first = mount_factory()
     path = first.path / "attrs"
@@ -209,8 +211,6 @@ def test_attributes_of_files_dirs_and_symlinks_survive_remount_with_empty_cache(
     mtime_ns = 1_600_000_000_123_456_789
     os.utime(path, ns=(mtime_ns, mtime_ns))
     os.mkdir(first.path / "d")
-    os.chmod(first.path / "d", 0o700)
-    os.chown(first.path / "d", 42, 43)
     os.symlink("d", first.path / "latest")
     unmounted(first)
 
@@ -223,9 +223,7 @@ def test_attributes_of_files_dirs_and_symlinks_survive_remount_with_empty_cache(
     assert (st.st_uid, st.st_gid) == (1234, 5678)
     assert abs(st.st_mtime_ns - mtime_ns) < 1000  # float seconds in metadata: sub-µs loss
     assert (second.path / "attrs").read_bytes() == b"payload"
-    st = os.stat(second.path / "d")
-    assert stat.S_ISDIR(st.st_mode)
-    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, 42, 43)
+    assert stat.S_ISDIR(os.stat(second.path / "d").st_mode)
     assert os.readlink(second.path / "latest") == "d"
     assert os.path.islink(second.path / "latest")
 
@@ -487,17 +485,40 @@ def test_rename_of_file_not_yet_in_s3_commits_only_new_key(work):
 
 
 def test_rename_of_directory_not_yet_in_s3_commits_only_new_keys(work):
-    """The checkpoint pattern: write into a temporary directory, rename it at the end."""
+    """The checkpoint pattern: write into a temporary directory, rename it at the end.
+
+    The shards are still open at the rename, so none of them can have been committed:
+    the rename is a journal update, not an S3 copy.
+    """
     tmp = work.path / "step_1.tmp"
     os.mkdir(tmp)
     shards = {f"shard_{i}": os.urandom(50_000 + i) for i in range(4)}
+    files = []
     for name, data in shards.items():
-        (tmp / name).write_bytes(data)
+        f = open(tmp / name, "wb")  # noqa: SIM115 - closed after the rename
+        f.write(data)
+        f.flush()
+        files.append(f)
+    copies = work.mount.counters().get("server_side_copies", 0)
     os.rename(tmp, work.path / "step_1")
+    for f in files:
+        f.close()
     work.flush()
     assert not {k for k in work.keys() if k.startswith("step_1.tmp")}
     for name, data in shards.items():
         assert work.body(f"step_1/{name}") == data
+    assert work.mount.counters().get("server_side_copies", 0) == copies
+
+
+def test_rename_of_open_file_not_yet_in_s3_commits_only_new_key(work):
+    with open(work.path / "model.safetensors.tmp", "wb") as f:
+        f.write(b"tensor bytes")
+        f.flush()
+        os.rename(work.path / "model.safetensors.tmp", work.path / "model.safetensors")
+        f.write(b" and more")
+    work.flush()
+    assert work.keys() == {"model.safetensors"}
+    assert work.body("model.safetensors") == b"tensor bytes and more"
 
 
 def test_rename_of_multipart_file_while_parts_are_uploading_lands_at_new_key(work):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -338,11 +339,14 @@ def test_embedded_mount_survives_daemon_kill9(tmp_path: Path,
         assert proc.returncode == 0, proc.stderr
         (mnt / "kept.txt").write_bytes(b"embedded data")
         assert cli("flush", str(mnt)).returncode == 0
-        pid = int(cli("status", str(mnt), "--json", check=True).stdout.split('"pid": ')[1]
-                  .split(",")[0])
+        pid = int(json.loads(cli("status", str(mnt), "--json", check=True).stdout)["pid"])
         assert weeds_for(state)
         os.kill(pid, signal.SIGKILL)
         _wait_gone(pid)
+        deadline = time.monotonic() + 5  # weed dies with its daemon (parent-death signal)
+        while weeds_for(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert weeds_for(state) == []
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
 
         proc, took = run_cli(*args)

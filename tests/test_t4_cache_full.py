@@ -1,0 +1,60 @@
+"""A full cache disk never loses acknowledged data: evict clean, wait for uploads, ENOSPC last."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import subprocess
+
+import pytest
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def tiny_cache_mount(mount_factory):
+    """A mount whose cache directory is a 48 MiB tmpfs."""
+    m = mount_factory("--part-size", "8M", "--max-dirty", "16M", "--cache-size", "1G",
+                      start=False)
+    m.cache_dir.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs",
+                    str(m.cache_dir)], check=True)
+    try:
+        m.start()
+        yield m
+    finally:
+        m.cleanup()
+        subprocess.run(["umount", "-l", str(m.cache_dir)], check=False)
+
+
+def test_many_closed_files_larger_than_the_cache_disk_all_reach_s3(tiny_cache_mount, s3):
+    m = tiny_cache_mount
+    files = {f"f{i}.bin": random.randbytes(8 * MiB - 1000) for i in range(14)}  # ~112 MiB
+    for name, data in files.items():
+        (m.path / name).write_bytes(data)
+    assert m.flush().returncode == 0
+    for name, data in files.items():
+        assert s3.get_range(name, 0, len(data) + 1) == data
+    assert os.statvfs(m.cache_dir).f_bfree > 0
+
+
+def test_one_file_larger_than_the_cache_disk_gets_enospc_and_keeps_what_was_written(
+        tiny_cache_mount, s3):
+    m = tiny_cache_mount
+    block = random.randbytes(MiB)
+    written = 0
+    fd = os.open(m.path / "huge.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as err:
+            for _ in range(200):
+                os.write(fd, block)
+                written += len(block)
+        assert err.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    assert written >= 16 * MiB
+    assert m.flush().returncode == 0
+    info = s3.head("huge.bin")
+    assert info is not None and info.size >= written
+    assert s3.get_range("huge.bin", 0, written) == block * (written // MiB)
