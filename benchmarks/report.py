@@ -68,6 +68,12 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {w['title']} | {p.get('label', pname)} | {_fmt(p['median'])} | "
                 f"{_fmt(p['min'])} | {_fmt(p['max'])} | {p['unit']} | "
                 f"{_fmt(p.get('ratio'))} | {ratio_to} |")
+    errs = [f"{w['title']}: {k}: {e}" for w in results["workloads"].values()
+            for k, e in (w.get("errors") or {}).items()]
+    if errs:
+        lines += ["", "Errors (points missing above):", ""] + [f"- {e[:300]}" for e in errs]
+    if results.get("fatal"):
+        lines += ["", f"Fatal: {results['fatal']}"]
     lines += ["", "Goals (informative):", ""]
     for g in results.get("goals", []):
         lines.append(f"- {'PASS' if g['pass'] else 'FAIL'} {g['text']}")

@@ -30,12 +30,21 @@ SECRET_KEY = "benchsecretkey"
 
 
 def _run(cmd: list[str], timeout: float = 600, check: bool = True,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=env)
+         env: dict[str, str] | None = None,
+         output: Path | None = None) -> subprocess.CompletedProcess:
+    """Run cmd; with `output`, stdout+stderr go to that file (for commands that leave a
+    daemon behind, which would otherwise hold our pipes open)."""
+    if output is not None:
+        with open(output, "ab") as out:
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, env=env)
+        proc.stderr = output.read_text(errors="replace")
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=env)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
+                           f"{(proc.stderr or '').strip()[-2000:]}")
     return proc
 
 
@@ -90,7 +99,7 @@ def _find_daemon(exe_name: str, mountpoint: Path) -> int | None:
 
 class Target:
     name = "target"
-    kind = "mount"
+    exe = ""  # basename of the daemon's executable, to find it by mount point
 
     def __init__(self, root: Path, endpoint: str, bucket: str) -> None:
         self.root = root
@@ -111,6 +120,8 @@ class Target:
         raise NotImplementedError
 
     def kill(self) -> None:
+        if self.pid is None and self.exe:
+            self.pid = _find_daemon(self.exe, self.path)
         if self.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -195,6 +206,7 @@ class JuiceFSTarget(Target):
     """JuiceFS with SQLite metadata, objects in the same SeaweedFS, `--writeback`."""
 
     name = "JuiceFS (--writeback)"
+    exe = "juicefs"
 
     def __init__(self, root: Path, endpoint: str, bucket: str, binary: str,
                  meta_dir: Path) -> None:
@@ -215,7 +227,8 @@ class JuiceFSTarget(Target):
                  timeout=120, env=self._env())
         _run([self.binary, "mount", "-d", "--writeback", "--cache-dir", str(self.cache_dir),
               "--cache-size", "65536", "--log", str(self.root / "juicefs.log"),
-              "--no-usage-report", self.meta, str(self.path)], timeout=120, env=self._env())
+              "--no-usage-report", self.meta, str(self.path)], timeout=120, env=self._env(),
+             output=self.root / "juicefs.out")
         deadline = time.monotonic() + 30
         while self.pid is None and time.monotonic() < deadline:
             self.pid = _find_daemon("juicefs", self.path)
@@ -249,6 +262,7 @@ class RcloneTarget(Target):
     """rclone mount with `--vfs-cache-mode full`, write-back after 0 s."""
 
     name = "rclone mount (vfs full)"
+    exe = "rclone"
 
     def __init__(self, root: Path, endpoint: str, bucket: str, binary: str,
                  writers: int = 8) -> None:
@@ -267,7 +281,8 @@ class RcloneTarget(Target):
               "--vfs-cache-mode", "full", "--vfs-write-back", "0s",
               "--cache-dir", str(self.cache_dir), "--dir-cache-time", "5s",
               "--rc", "--rc-addr", f"127.0.0.1:{self.rc_port}", "--rc-no-auth",
-              "--log-file", str(self.root / "rclone.log"), "--daemon"], timeout=120)
+              "--log-file", str(self.root / "rclone.log"), "--daemon"], timeout=120,
+             output=self.root / "rclone.out")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (is_mounted(self.path) and self.pid):
             self.pid = self.pid or _find_daemon("rclone", self.path)

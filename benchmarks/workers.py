@@ -103,11 +103,11 @@ def _get_one(barrier: Any, endpoint: str, bucket: str, key: str, size: int, part
              window: int) -> Result:
     """Parallel ranged GETs of one object (`window` in flight), checksummed in order."""
     import boto3
-    from botocore.config import Config
+
+    from benchmarks.suite import s3_config
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          config=Config(max_pool_connections=window + 2,
-                                        s3={"addressing_style": "path"}))
+                          config=s3_config(window + 2))
     ranges = [(o, min(o + part, size) - 1) for o in range(0, size, part)]
 
     def fetch(rng: tuple[int, int]) -> bytes:
@@ -151,12 +151,11 @@ def _small_files(barrier: Any, directory: str, names: Sequence[str], size: int,
 def _put_small(barrier: Any, endpoint: str, bucket: str, keys: Sequence[str], size: int,
                seed: int, threads: int) -> Result:
     import boto3
-    from botocore.config import Config
-
     data = random.Random(seed).randbytes(size)
+    from benchmarks.suite import s3_config
+
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          config=Config(max_pool_connections=threads + 2,
-                                        s3={"addressing_style": "path"}))
+                          config=s3_config(threads + 2))
     client.head_bucket(Bucket=bucket)
     barrier.wait()
     start = time.monotonic()

@@ -360,6 +360,7 @@ class Flusher:
                            cf.key, size)
         cf.in_journal = keep
         cf.committed_version = version
+        await self.cache.note_clean_after_commit(cf)
         self.metrics[m.FILES_COMMITTED] += 1
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
 

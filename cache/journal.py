@@ -18,6 +18,9 @@ chunks     one row per chunk that is not clean.
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
 uploads    every multipart upload this journal created and has not yet completed or
            aborted; one that no files row references is an orphan and is aborted at mount.
+cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
+           lets a remount reuse the warm cache. Ignored for fids that have a files row.
+clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
 meta       name/value pairs: next_fid, bucket, prefix, part_size.
 """
 
@@ -77,7 +80,23 @@ def _migrate_v1(db: sqlite_utils.Database) -> None:
     db["uploads"].create({"upload_id": str, "key": str}, pk="upload_id")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_v1]
+def _migrate_v2(db: sqlite_utils.Database) -> None:
+    db["cached_files"].create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
+                              not_null={"key", "etag", "size"})
+    db["clean_chunks"].create({"fid": int, "idx": int}, pk=("fid", "idx"))
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_v1, _migrate_v2]
+
+
+@dataclass
+class WarmFile:
+    """Clean cached content of one object, as a previous mount left it."""
+
+    fid: int
+    etag: str
+    size: int
+    chunks: list[int]
 
 
 class Journal:
@@ -222,6 +241,51 @@ class Journal:
             "SELECT key, upload_id FROM uploads WHERE upload_id NOT IN"
             " (SELECT upload_id FROM files WHERE upload_id IS NOT NULL)")
         return [(k, u) for k, u in rows]
+
+    # -- the warm cache ---------------------------------------------------------------
+
+    def note_clean(self, fid: int, key: str, etag: str, size: int, indices: list[int],
+                   replace: bool = False) -> None:
+        """Chunks of fid now hold object key@etag; `replace` drops what was noted before."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            if replace:
+                self._conn.execute("DELETE FROM clean_chunks WHERE fid=?", (fid,))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO cached_files(fid, key, etag, size) VALUES (?,?,?,?)",
+                (fid, key, etag, size))
+            self._conn.executemany("INSERT OR IGNORE INTO clean_chunks(fid, idx) VALUES (?, ?)",
+                                   [(fid, i) for i in indices])
+
+    def drop_clean(self, fid: int, indices: list[int]) -> None:
+        self._conn.executemany("DELETE FROM clean_chunks WHERE fid=? AND idx=?",
+                               [(fid, i) for i in indices])
+
+    def forget_cached(self, fid: int) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.execute("DELETE FROM clean_chunks WHERE fid=?", (fid,))
+            self._conn.execute("DELETE FROM cached_files WHERE fid=?", (fid,))
+
+    def rekey_cached(self, fid: int, key: str) -> None:
+        self._conn.execute("UPDATE cached_files SET key=? WHERE fid=?", (key, fid))
+
+    def warm_files(self) -> dict[str, WarmFile]:
+        """Key -> warm cache entry, for files with nothing pending."""
+        out: dict[str, WarmFile] = {}
+        rows = self._conn.execute(
+            "SELECT fid, key, etag, size FROM cached_files"
+            " WHERE fid NOT IN (SELECT fid FROM files)")
+        for fid, key, etag, size in rows.fetchall():
+            chunks = [r[0] for r in self._conn.execute(
+                "SELECT idx FROM clean_chunks WHERE fid=? ORDER BY idx", (fid,))]
+            out[key] = WarmFile(fid, etag, size, chunks)
+        return out
+
+    def known_fids(self) -> set[int]:
+        """Every fid whose cache file is still needed (pending or warm)."""
+        rows = self._conn.execute("SELECT fid FROM files UNION SELECT fid FROM cached_files")
+        return {r[0] for r in rows}
 
     # -- durability -------------------------------------------------------------------
 

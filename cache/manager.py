@@ -27,7 +27,7 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
-from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.cache.journal import AsyncJournal, PendingFile, WarmFile
 from lakefs_mount.layout import PartMap
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 
@@ -57,6 +57,7 @@ class CacheManager:
         self._fetch_slots = trio.Semaphore(read_ahead + 2)  # chunk buffers held by GETs
         self._nursery: trio.Nursery | None = None
         self._evicting = False
+        self.warm: dict[str, WarmFile] = {}  # clean content a previous mount left, by key
         # Set by the flusher: called when a full chunk can go up while writing continues.
         self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
         self.on_pressure: Callable[[], None] = lambda: None
@@ -68,6 +69,60 @@ class CacheManager:
             self._nursery = nursery
             task_status.started()
             await trio.sleep_forever()
+
+    # -- the warm cache a previous mount left ----------------------------------------
+
+    async def load_warm(self) -> None:
+        """Take stock of the cache directory: keep what the journal knows, drop the rest."""
+        journal = self.journal
+        self.warm = await journal(journal.sync.warm_files)
+        known = await journal(journal.sync.known_fids)
+        for path in self.data_dir.iterdir():
+            if not path.name.isdigit() or int(path.name) not in known:
+                path.unlink(missing_ok=True)  # a leftover of a crash or of an unlink
+        for entry in self.warm.values():
+            self.budget.added(sum(self._chunk_bytes(i) for i in entry.chunks))
+        for key in sorted(self.warm, key=lambda k: self.warm[k].fid):
+            if not self.budget.over:
+                break
+            await self._drop_warm(self.warm.pop(key))
+        if self.warm:
+            log.info("warm cache: %d file(s) from the previous mount", len(self.warm))
+
+    async def _drop_warm(self, entry: WarmFile) -> None:
+        self.budget.removed(sum(self._chunk_bytes(i) for i in entry.chunks))
+        await self.journal(self.journal.sync.forget_cached, entry.fid)
+        self.cache_path(entry.fid).unlink(missing_ok=True)
+
+    def adopt_warm(self, cf: CachedFile) -> None:
+        """A file seen in S3: if a previous mount cached this very version, reuse it."""
+        entry = self.warm.pop(cf.key, None)
+        if entry is None:
+            return
+        if entry.etag != cf.base_etag or entry.size != cf.base_size or cf.fid is not None:
+            if self._nursery is not None:
+                self._nursery.start_soon(self._drop_warm, entry)  # changed in S3: stale
+            return
+        cf.fid = entry.fid
+        self.files[entry.fid] = cf
+        for idx in entry.chunks:
+            if idx < self.parts.chunk_count(cf.size):
+                cf.chunks[idx] = Chunk(ChunkState.CLEAN)
+                self.budget.clean((cf, idx), self._chunk_bytes(idx))
+            else:
+                self.budget.removed(self._chunk_bytes(idx))
+
+    def _forget_cached_later(self, cf: CachedFile) -> None:
+        if cf.fid is not None and self._nursery is not None:
+            self._nursery.start_soon(self.journal, self.journal.sync.forget_cached, cf.fid)
+
+    async def note_clean_after_commit(self, cf: CachedFile) -> None:
+        """The committed object is the new base: every clean cached chunk belongs to it."""
+        if cf.fid is None or cf.base_key is None or cf.base_etag is None:
+            return
+        clean = [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]
+        await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key, cf.base_etag,
+                           cf.base_size, clean, True)
 
     # -- cache files ------------------------------------------------------------------
 
@@ -122,6 +177,8 @@ class CacheManager:
         if cf.in_journal:
             assert cf.fid is not None
             await self.journal(self.journal.sync.rekey, cf.fid, key, base_key)
+        if cf.fid is not None:
+            await self.journal(self.journal.sync.rekey_cached, cf.fid, key)
 
     async def discard(self, cf: CachedFile) -> None:
         """The file was unlinked: forget what it still had to upload; abort its upload."""
@@ -144,6 +201,7 @@ class CacheManager:
         """Last handle closed on an unlinked file: its cache file goes away."""
         for idx in list(cf.chunks):
             self._remove_chunk(cf, idx)
+        self._forget_cached_later(cf)
         if cf.fd is not None and cf.io_busy == 0:
             os.close(cf.fd)
             cf.fd = None
@@ -192,6 +250,7 @@ class CacheManager:
         """The object changed in S3: cached clean bytes of the old version are void."""
         for idx in [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]:
             self._remove_chunk(cf, idx)
+        self._forget_cached_later(cf)
 
     def _maybe_evict(self) -> None:
         if self.budget.over and not self._evicting and self._nursery is not None:
@@ -228,6 +287,8 @@ class CacheManager:
         self._remove_chunk(cf, idx)
         start, end = self.parts.chunk_range(idx)
         try:
+            if cf.fid is not None:
+                await self.journal(self.journal.sync.drop_clean, cf.fid, [idx])
             if cf.fid is not None and self.cache_path(cf.fid).exists():
                 async with self._io(cf) as fd:
                     await self.engine.fallocate(fd, FALLOC_PUNCH_HOLE, start, end - start)
@@ -321,6 +382,9 @@ class CacheManager:
                 async with self._io(cf) as fd:
                     await self.engine.write(fd, data, start)
                 del data
+            if cf.base_etag is not None and cf.fid is not None:
+                await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key,
+                                   cf.base_etag, cf.base_size, [idx])
             self._new_chunk(cf, idx)
         finally:
             del cf.fetching[idx]

@@ -434,14 +434,26 @@ class _ProgressPrinter:
             self.dirty_line = False
 
 
+def _left_bytes(info: dict | None) -> int | None:
+    """Bytes not yet in S3 from a progress report (the daemon says bytes_left)."""
+    info = info or {}
+    left = info.get("bytes_left", info.get("dirty_bytes"))
+    return left if isinstance(left, int) else None
+
+
 def describe_progress(info: dict) -> str:
+    """One human line from a progress report; the last S3 error says why it is slow."""
     parts = []
-    if "dirty_bytes" in info:
-        parts.append(f"{human_bytes(info['dirty_bytes'])} left")
-    if "files" in info:
-        parts.append(f"{info['files']} file{'s' if info['files'] != 1 else ''}")
+    left = _left_bytes(info)
+    if left is not None:
+        parts.append(f"{human_bytes(left)} left")
+    files = info.get("files_left", info.get("files"))
+    if isinstance(files, int):
+        parts.append(f"{files} file{'s' if files != 1 else ''}")
     if "uploaded_bytes" in info:
         parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
+    if info.get("last_error"):
+        parts.append(f"retrying after: {info['last_error']}")
     if not parts:
         parts = [f"{k}={v}" for k, v in info.items()]
     return ", ".join(parts)
@@ -482,7 +494,7 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
                               on_progress=printer)
     except ControlTimeout as exc:
         printer.done()
-        left = (exc.last_progress or printer.last or {}).get("dirty_bytes")
+        left = _left_bytes(exc.last_progress or printer.last)
         still = f"; {left} bytes ({human_bytes(left)}) still dirty" if left is not None else ""
         raise CliError(f"flush timed out after {timeout:g} s{still}") from None
     except ControlError as exc:
@@ -550,7 +562,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
         return
     except ControlTimeout as exc:
         printer.done()
-        left = (exc.last_progress or printer.last or {}).get("dirty_bytes")
+        left = _left_bytes(exc.last_progress or printer.last)
         still = f"; {human_bytes(left)} still dirty" if left is not None else ""
         raise CliError(f"flush before unmount timed out after {timeout:g} s{still}; "
                        f"{mp} stays mounted") from None

@@ -124,6 +124,8 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
+                self.ns.on_remote_file = self.cache.adopt_warm
+                await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:
                     self.ns.attach_path(cf.key[len(config.prefix):], cf)

@@ -28,7 +28,6 @@ from lakefs_mount.objectstore import ObjectStoreError
 log = logging.getLogger(__name__)
 
 RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
 BLOCK_SIZE = 4096
 
 
@@ -307,8 +306,8 @@ class FileSystem:
     async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,
                      flags: int) -> None:
         self._writable_fs()
-        if flags & RENAME_EXCHANGE:
-            raise FSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        if flags & ~RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: no atomic way in S3
+            raise FSError(errno.EINVAL, "only RENAME_NOREPLACE is supported")
         src_parent, dst_parent = self._inode(parent_old), self._inode(parent_new)
         inode = await self._child(src_parent, name_old)
         if inode is None:

@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -99,6 +100,8 @@ class Namespace:
         self.ttl = ttl
         self.owner = owner
         self._next_ino = itertools.count(ROOT_INO + 1)
+        # Called for each file first seen in S3: the cache may hold it from a previous mount.
+        self.on_remote_file: Callable[[CachedFile], None] = lambda cf: None
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -183,9 +186,11 @@ class Namespace:
 
     def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
         uid, gid = self.owner
-        return CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
-                          mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
-                          base_etag=obj.etag)
+        cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
+                        mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
+                        base_etag=obj.etag)
+        self.on_remote_file(cf)
+        return cf
 
     async def ensure_listed(self, dir_inode: Inode, force: bool = False) -> None:
         """Merge the S3 listing of a directory into its children, at most once per TTL."""

@@ -26,7 +26,11 @@ die() {
 is_root() { [[ $(id -u) -eq 0 ]]; }
 
 installed() {
-    dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed$'
+    # Not `dpkg -s | grep -q`: grep stops at the match, dpkg dies of SIGPIPE, and
+    # pipefail turns that into "missing".
+    local status
+    status="$(dpkg -s "$1" 2>/dev/null)" || return 1
+    grep -q '^Status: install ok installed$' <<<"$status"
 }
 
 # ------------------------------------------------------------------ Debian packages

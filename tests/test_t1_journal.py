@@ -80,4 +80,22 @@ def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
     j.close()
     again = Journal(tmp_path / "j.db")
     assert len(again.pending_files()) == 1
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    j.note_clean(7, "k", "etag1", 100, [0, 2])
+    j.note_clean(7, "k", "etag1", 100, [3])
+    pending = _file(j, "p")
+    j.note_clean(pending.fid, "p", "e", 5, [0])
+    warm = j.warm_files()
+    assert set(warm) == {"k"}
+    assert warm["k"].chunks == [0, 2, 3] and warm["k"].etag == "etag1"
+    j.note_clean(7, "k", "etag2", 50, [1], replace=True)
+    assert j.warm_files()["k"].chunks == [1]
+    j.drop_clean(7, [1])
+    assert j.warm_files()["k"].chunks == []
+    assert j.known_fids() == {7, pending.fid}
+    j.forget_cached(7)
+    assert j.warm_files() == {}

@@ -1,0 +1,58 @@
+"""The benchmark suite runs end to end at a tiny size and reports every workload.
+
+`python -m benchmarks run --quick` in a subprocess (peers skipped, a few MiB per writer so
+it finishes in well under 3 minutes); the results JSON must hold every workload with
+numeric medians/min/max/ratios and matched checksums.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "resources")
+
+
+@pytest.mark.timeout(400)
+def test_benchmark_suite_quick(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--quick", "--peers", "none",
+         "--file-mib", "8", "--small-files", "200", "--runs", "1",
+         "--out", str(out), "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=360)
+    log = f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    results = json.loads((out / "results.json").read_text())
+    assert results["checksums"]["ok"], log
+    assert results["checksums"]["checked"] > 0
+    assert not results["checksums"]["mismatches"], log
+    for name in WORKLOADS:
+        w = results["workloads"].get(name)
+        assert w is not None, f"workload {name} missing\n{log}"
+        assert not w.get("error"), f"{name}: {w.get('error')}\n{log}"
+        assert not w.get("errors"), f"{name}: {w.get('errors')}\n{log}"
+        assert w["points"], name
+        for pname, p in w["points"].items():
+            for field in ("median", "min", "max"):
+                assert isinstance(p[field], (int, float)) and math.isfinite(p[field]), \
+                    (name, pname, field, p)
+            assert p["min"] <= p["median"] <= p["max"]
+            if p.get("baseline") is not None:
+                assert isinstance(p["ratio"], float) and p["ratio"] > 0, (name, pname, p)
+    pts = results["workloads"]
+    assert {"lakefs_uring", "lakefs_threads", "raw_disk"} <= set(pts["checkpoint_write"]["points"])
+    assert {"lakefs_uring_cold", "lakefs_uring_warm", "raw_get"} <= set(pts["restore"]["points"])
+    assert results["goals"], log
+    assert "PASS" in proc.stdout or "FAIL" in proc.stdout, log
+    assert (out / "results.md").is_file()
+    assert list(out.glob("*.png")), "no plots written"
+    assert proc.returncode == 0, log
