@@ -296,10 +296,29 @@ class RcloneTarget(Target):
         return json.loads(out.stdout)
 
     def durable(self) -> None:
+        """rclone has no flush: wait until its upload queue is empty *and* every file of the
+        mount is an object of the same size in the bucket (the queue can look empty for a
+        moment right after close())."""
+        import boto3
+
+        from benchmarks.suite import s3_config
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              config=s3_config(4))
+        want = {}
+        for dirpath, _dirs, files in os.walk(self.path):
+            for name in files:
+                full = Path(dirpath) / name
+                want[full.relative_to(self.path).as_posix()] = full.stat().st_size
         while True:
             disk = self._stats().get("diskCache", {})
             if not disk.get("uploadsInProgress") and not disk.get("uploadsQueued"):
-                return
+                have = {}
+                for page in client.get_paginator("list_objects_v2").paginate(
+                        Bucket=self.bucket):
+                    have.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+                if all(have.get(k) == v for k, v in want.items()):
+                    return
             time.sleep(0.1)
 
     def stop(self) -> None:

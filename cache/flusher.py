@@ -156,6 +156,8 @@ class Flusher:
         async with cf.upload_lock:
             if cf.upload_id is None or cf.upload_key is None:
                 key = cf.key
+                assert cf.fid is not None
+                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
                 upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
                                            self._metadata(cf))

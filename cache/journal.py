@@ -18,6 +18,9 @@ chunks     one row per chunk that is not clean.
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
 uploads    every multipart upload this journal created and has not yet completed or
            aborted; one that no files row references is an orphan and is aborted at mount.
+           upload_id LIKE 'intent:%' = CreateMultipartUpload was about to be sent for key:
+           after a crash, the mount aborts every open upload of exactly that key that the
+           journal does not reference (the id S3 chose never reached the journal).
 cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
            lets a remount reuse the warm cache. Ignored for fids that have a files row.
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
@@ -41,6 +44,7 @@ T = TypeVar("T")
 
 CHUNK_DIRTY = "dirty"
 CHUNK_UPLOADED = "uploaded"
+INTENT = "intent:"  # upload_id prefix of an upload about to be created
 
 
 @dataclass
@@ -223,9 +227,15 @@ class Journal:
 
     # -- multipart uploads ------------------------------------------------------------
 
+    def intend_upload(self, fid: int, key: str) -> None:
+        """Written before CreateMultipartUpload, so a crash cannot hide the new upload."""
+        self._conn.execute("INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)",
+                           (f"{INTENT}{fid}", key))
+
     def start_upload(self, fid: int, upload_id: str, key: str) -> None:
         with self._conn:
             self._conn.execute("BEGIN")
+            self._conn.execute("DELETE FROM uploads WHERE upload_id=?", (f"{INTENT}{fid}",))
             self._conn.execute(
                 "INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)", (upload_id, key))
             self._conn.execute(

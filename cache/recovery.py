@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
-from lakefs_mount.cache.journal import CHUNK_UPLOADED, PendingFile
+from lakefs_mount.cache.journal import CHUNK_UPLOADED, INTENT, PendingFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.objectstore import NoSuchUpload
 
@@ -38,20 +38,35 @@ async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport
     """Rebuild the pending files from the journal; the caller attaches and commits them."""
     journal, store = cache.journal, cache.store
     report = RecoveryReport()
+    referenced = {rec.upload_id for rec in await journal(journal.sync.pending_files)}
     for key, upload_id in await journal(journal.sync.orphan_uploads):
-        # Row "upload created, not referenced": crashed between create and record, or
-        # after completion. Nothing needs it.
-        await store.retrying(f"AbortMultipartUpload {key}", store.sync.abort_multipart,
-                             key, upload_id)
+        # D4: created and recorded, but no file needs it (crash after completion or unlink).
+        # D5: an intent: the crash hid the id S3 chose, so every unreferenced upload of
+        # exactly this key goes (writers on other nodes write other keys).
+        if upload_id.startswith(INTENT):
+            open_uploads = await store.retrying(
+                f"ListMultipartUploads {key}", store.sync.list_multipart_uploads, key)
+            doomed = [u.upload_id for u in open_uploads
+                      if u.key == key and u.upload_id not in referenced]
+        else:
+            doomed = [upload_id]
+        for doomed_id in doomed:
+            await store.retrying(f"AbortMultipartUpload {key}", store.sync.abort_multipart,
+                                 key, doomed_id)
+            report.orphan_uploads_aborted += 1
+            cache.metrics[m.ORPHAN_UPLOADS_ABORTED] += 1
         await journal(journal.sync.end_upload, upload_id)
-        report.orphan_uploads_aborted += 1
-        cache.metrics[m.ORPHAN_UPLOADS_ABORTED] += 1
     files = []
     for rec in await journal(journal.sync.pending_files):
         if not cache.cache_path(rec.fid).exists():
             log.error("journal names %s but its cache file %s is gone; its unflushed data "
                       "is lost", rec.key, cache.cache_path(rec.fid))
             report.missing_cache_files += 1
+            if rec.upload_id is not None and rec.upload_key is not None:
+                await store.retrying(f"AbortMultipartUpload {rec.upload_key}",
+                                     store.sync.abort_multipart, rec.upload_key, rec.upload_id)
+                await journal(journal.sync.end_upload, rec.upload_id)
+            await journal(journal.sync.drop_file, rec.fid)
             continue
         cf = await _restore_file(cache, rec, report)
         files.append(cf)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from lakefs_mount.config import control_socket_path
 from lakefs_mount.mountpoint import is_mounted
 
 CLI = str(Path(sys.executable).parent / "lakefs-mount")
@@ -92,6 +93,7 @@ class Mount:
             self.pid = None
         if is_mounted(self.path):
             subprocess.run(["fusermount3", "-uz", str(self.path)], capture_output=True)
+        control_socket_path(self.path).unlink(missing_ok=True)  # a killed daemon leaves it
 
 
 def _wait_gone(pid: int, timeout: float = 10) -> None:

@@ -259,3 +259,24 @@ def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
                                              for i in range(10))
             assert store.calls["get_range"] == 1
     run(body)
+
+
+def test_an_upload_created_but_never_recorded_is_aborted_at_the_next_mount(tmp_path):
+    """D5: the intent row written before CreateMultipartUpload finds the hidden upload."""
+    store = MemoryObjectStore()
+
+    async def crash() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("hidden", b"x")
+            c.journal.intend_upload(cf.fid, "hidden")
+            store.create_multipart("hidden", {})  # S3 made it; the daemon died before recording
+            store.create_multipart("other-key", {})  # not ours to touch
+
+    async def remount() -> None:
+        async with core(tmp_path, store) as c:
+            _, report = await recover(c.cache)
+            assert report.orphan_uploads_aborted == 1
+            assert [u.key for u in store.list_multipart_uploads("")] == ["other-key"]
+
+    trio.run(crash)
+    trio.run(remount)
