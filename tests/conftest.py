@@ -107,12 +107,22 @@ def fault_proxy(s3_server: EmbeddedS3) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> Iterator:
+def io_engine(request: pytest.FixtureRequest) -> str:
+    """The daemon's --io-engine; a module runs under both engines with
+    `pytestmark = pytest.mark.parametrize("io_engine", ["uring", "threads"], indirect=True)`."""
+    return getattr(request, "param", "auto")
+
+
+@pytest.fixture
+def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
+                  io_engine: str) -> Iterator:
     """Make (and always clean up) mounts of this test's bucket: `mount_factory(options...)`."""
     made: list[Mount] = []
 
     def make(*options: str, prefix: str = "", name: str = "m", start: bool = True,
              endpoint_url: str | None = None) -> Mount:
+        if io_engine != "auto":
+            options = ("--io-engine", io_engine, *options)
         m = Mount(tmp_path / name, bucket, endpoint_url or s3_server.endpoint_url,
                   prefix=prefix, options=options)
         made.append(m)
