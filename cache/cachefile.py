@@ -65,7 +65,8 @@ class CachedFile:
     unlinked: bool = False
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     upload_lock: trio.Lock = field(default_factory=trio.Lock)
-    error_streak: int = 0
+    error_streak: int = 0  # failures since the last success
+    error_count: int = 0  # failures ever (a flush counts only those after it started)
     last_error: str | None = None
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)
     io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile

@@ -19,7 +19,7 @@ from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.layout import META_SYMLINK, encode_attrs
-from lakefs_mount.objectstore import NoSuchUpload
+from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ class Flusher:
                     on_progress: object = None) -> None:
         """Return once every file has committed the version it had at the call."""
         targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
+        errors_before = {cf: cf.error_count for cf, _ in targets}
+        self.store.wake_retries()  # S3 may be back: do not sit out a long backoff
         for cf, _ in targets:
             self.request_commit(cf)
         while True:
@@ -114,7 +116,8 @@ class Flusher:
                     if cf.committed_version < v and not cf.unlinked and cf.pending]
             if not left:
                 return
-            failing = [cf for cf, _ in left if cf.error_streak >= ERRORS_BEFORE_FLUSH_FAILS]
+            failing = [cf for cf, _ in left if cf.error_streak >= ERRORS_BEFORE_FLUSH_FAILS
+                       and cf.error_count - errors_before[cf] >= ERRORS_BEFORE_FLUSH_FAILS]
             if failing:
                 raise FlushFailed(
                     f"uploading {failing[0].key} keeps failing: {failing[0].last_error}; "
@@ -138,6 +141,7 @@ class Flusher:
     async def _s3(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
         def on_error(exc: Exception) -> None:
             cf.error_streak += 1
+            cf.error_count += 1
             cf.last_error = str(exc)
             self._progress_changed()
 
@@ -195,6 +199,7 @@ class Flusher:
         """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
         log.error("%s of %s failed: %s", what, cf.key, exc, exc_info=True)
         cf.error_streak += 1
+        cf.error_count += 1
         cf.last_error = f"{what}: {exc}"
         self._progress_changed()
 
@@ -279,6 +284,10 @@ class Flusher:
                         break
                     except NoSuchUpload:
                         await self._forget_upload(cf)
+                    except NoSuchKey:
+                        if not await self._base_vanished(cf):
+                            raise
+                        break
         except Exception as exc:
             failed = True
             self._background_failure(cf, "commit", exc)
@@ -360,11 +369,24 @@ class Flusher:
         assert cf.fid is not None
         await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
                            cf.key, size)
-        cf.in_journal = keep
+        # A write that raced with finish_commit re-created the row (mark_dirty upserts it).
+        cf.in_journal = keep or cf.version != version or any(
+            c.state in PENDING_STATES for c in cf.chunks.values())
         cf.committed_version = version
         await self.cache.note_clean_after_commit(cf)
         self.metrics[m.FILES_COMMITTED] += 1
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
+
+    async def _base_vanished(self, cf: CachedFile) -> bool:
+        """The object holding the unchanged bytes is gone: deleted (an unlink that crashed
+        half-way, D15) or by another node. The file's pending state goes with it."""
+        if cf.base_key is None or await self.store.head(cf.base_key) is not None:
+            return False
+        log.error("%s: its committed object %s was deleted; dropping its pending changes",
+                  cf.key, cf.base_key)
+        await self.cache.discard(cf)
+        cf.unlinked = False
+        return True
 
     async def _abort_upload(self, cf: CachedFile) -> None:
         assert cf.upload_id is not None and cf.upload_key is not None

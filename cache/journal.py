@@ -174,10 +174,20 @@ class Journal:
 
     # -- chunks -----------------------------------------------------------------------
 
-    def mark_dirty(self, fid: int, indices: list[int]) -> None:
-        """The intent record: written before the bytes of these chunks are acknowledged."""
+    def mark_dirty(self, rec: PendingFile, indices: list[int]) -> None:
+        """The intent record: written before the bytes of these chunks are acknowledged.
+
+        The file row is written in the same transaction: a commit that just dropped it
+        (nothing was pending a moment ago) must not leave these chunks without a file.
+        """
+        fid = rec.fid
         with self._conn:
             self._conn.execute("BEGIN")
+            self._conn.execute(
+                "INSERT OR IGNORE INTO files(fid, key, size, mode, uid, gid, mtime_ns, base_key,"
+                " base_size, upload_id, upload_key, symlink) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (fid, rec.key, rec.size, rec.mode, rec.uid, rec.gid, rec.mtime_ns, rec.base_key,
+                 rec.base_size, rec.upload_id, rec.upload_key, rec.symlink))
             self._conn.executemany(
                 "INSERT OR REPLACE INTO chunks(fid, idx, state, etag) VALUES (?, ?, ?, NULL)",
                 [(fid, i, CHUNK_DIRTY) for i in indices],

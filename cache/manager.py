@@ -142,7 +142,7 @@ class CacheManager:
 
     async def _ensure_journalled(self, cf: CachedFile) -> None:
         """Give the file its row in the journal before any chunk of it is dirty."""
-        if cf.in_journal:
+        if cf.in_journal or cf.unlinked:  # an unlinked file's bytes never go to S3
             return
         await self._ensure_fd(cf)
         assert cf.fid is not None
@@ -163,13 +163,11 @@ class CacheManager:
     async def save_attrs(self, cf: CachedFile) -> None:
         """Attributes or size changed: the next commit writes them."""
         cf.version += 1
-        if cf.in_journal:
-            assert cf.fid is not None
-            await self.journal(self.journal.sync.update_file, cf.fid, {
-                "size": cf.size, "mode": cf.mode, "uid": cf.uid, "gid": cf.gid,
-                "mtime_ns": cf.mtime_ns})
-        else:
-            await self._ensure_journalled(cf)
+        if cf.unlinked:
+            return
+        await self._ensure_fd(cf)
+        cf.in_journal = True
+        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
 
     async def rekey(self, cf: CachedFile, key: str, base_key: str | None) -> None:
         cf.key = key
@@ -272,8 +270,8 @@ class CacheManager:
         victims = self.budget.victims(nbytes)
         for cf, idx in victims:
             ch = cf.chunks.get(idx)
-            if self.budget.pinned((cf, idx)):
-                continue  # pinned since the victims were chosen
+            if self.budget.pinned((cf, idx)) or cf.unlinked:
+                continue  # in use, or the only copy left of an unlinked open file
             if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
                 self.budget.not_clean((cf, idx))
                 continue
@@ -538,7 +536,9 @@ class CacheManager:
             cf.intent_pending[idx] = done
         try:
             assert cf.fid is not None
-            await self.journal(self.journal.sync.mark_dirty, cf.fid, need)
+            if not cf.unlinked:
+                await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), need)
+                cf.in_journal = True
             for idx in need:
                 ch = self._new_chunk(cf, idx)
                 if ch.state not in DIRTY_STATES:

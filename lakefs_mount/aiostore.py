@@ -36,6 +36,7 @@ class AsyncStore:
         self.sync = store
         self.metrics = metrics
         self._limiter = trio.CapacityLimiter(max_threads)
+        self._retry_now = trio.Event()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(
@@ -68,8 +69,14 @@ class AsyncStore:
                 else:
                     log.warning("%s failed: %s (retrying in %.1f s)", what, exc, delay)
                 self.metrics[m.RETRIES] += 1
-                await trio.sleep(delay)
+                with trio.move_on_after(delay):
+                    await self._retry_now.wait()
                 delay = min(delay * 2, 30.0)
+
+    def wake_retries(self) -> None:
+        """Cut every backoff short (a flush was asked for: S3 may be back)."""
+        self._retry_now.set()
+        self._retry_now = trio.Event()
 
     async def head(self, key: str) -> ObjectInfo | None:
         self.metrics[m.HEADS] += 1

@@ -360,7 +360,7 @@ class FileSystem:
                 self.cache.close_file(cf)
         self.ns.detach(target)
 
-    async def _move_object(self, src: str, dst: str) -> None:
+    async def _copy_object(self, src: str, dst: str) -> None:
         async with self._copy_limiter, s3_errors(f"rename {src} -> {dst}"):
             if src.endswith("/"):
                 # A directory marker: some stores (SeaweedFS) cannot CopyObject a key
@@ -370,23 +370,45 @@ class FileSystem:
                                       info.metadata if info is not None else {})
             else:
                 await self.store.copy(src, dst, None)
-            await self.store.delete(src)
+
+    async def _delete_objects(self, keys: list[str]) -> None:
+        """The old names of a rename, once nothing needs them (a failure leaves a duplicate)."""
+        async def delete(key: str) -> None:
+            async with self._copy_limiter:
+                try:
+                    await self.store.delete(key)
+                except ObjectStoreError as exc:
+                    log.warning("rename left %s behind: %s", key, exc)
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(delete, key)
 
     async def _rename_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+        """Journal first, then copy, then delete: a crash at any step loses nothing (D7, D8)."""
         cf = inode.file
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
-            base = cf.base_key
-            if base is not None:
-                await self._move_object(base, new_key)  # data already in S3 moves server-side
-                base = new_key
+            old_key, base = cf.key, cf.base_key
             await self.cache.rekey(cf, new_key, base)  # data not yet in S3: a journal update
+            if base is not None:
+                try:
+                    await self._copy_object(base, new_key)  # data in S3 moves server-side
+                except FSError:
+                    await self.cache.rekey(cf, old_key, base)
+                    raise
+                await self.cache.rekey(cf, new_key, new_key)
+                await self._delete_objects([base])
         self.ns.move(inode, dst_parent, name)
 
     async def _rename_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         old_prefix = self.ns.key_of(inode)
         new_prefix = self.ns.key_of(dst_parent) + name + "/"
+
+        def moved(key: str) -> str:
+            return new_prefix + key[len(old_prefix):] if key.startswith(old_prefix) else key
+
         files = [d.file for d in self.ns.descendants(inode) if d.file is not None]
         async with s3_errors(f"listing {old_prefix}"):
             objects = await self.store.list_recursive(old_prefix)
@@ -394,23 +416,27 @@ class FileSystem:
         for lock in locks:
             await lock.acquire()
         try:
+            for cf in files:  # pending data follows the new names; bases stay until copied
+                await self.cache.rekey(cf, moved(cf.key), cf.base_key)
             try:
                 async with trio.open_nursery() as nursery:
                     for obj in objects:
-                        nursery.start_soon(self._move_object, obj.key,
-                                           new_prefix + obj.key[len(old_prefix):])
+                        nursery.start_soon(self._copy_object, obj.key, moved(obj.key))
             except ExceptionGroup as group:
+                await self._delete_objects([moved(o.key) for o in objects])
+                for cf in files:
+                    await self.cache.rekey(cf, old_prefix + cf.key[len(new_prefix):],
+                                           cf.base_key)
                 first = group.exceptions[0]
                 raise FSError(first.errno if isinstance(first, FSError) else errno.EIO) from group
             self.ns.move(inode, dst_parent, name)
             for cf in files:
-                base = cf.base_key
-                if base is not None and base.startswith(old_prefix):
-                    base = new_prefix + base[len(old_prefix):]
-                await self.cache.rekey(cf, new_prefix + cf.key[len(old_prefix):], base)
+                if cf.base_key is not None:
+                    await self.cache.rekey(cf, cf.key, moved(cf.base_key))
         finally:
             for lock in locks:
                 lock.release()
+        await self._delete_objects([o.key for o in objects])
         if not any(o.key == old_prefix for o in objects):
             await self._put_dir_marker(inode)
 

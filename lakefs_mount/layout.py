@@ -87,7 +87,7 @@ def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int) -> dict[str, str]
         META_MODE: str(mode),
         META_UID: str(uid),
         META_GID: str(gid),
-        META_MTIME: f"{mtime_ns / 1e9:.9f}",
+        META_MTIME: f"{mtime_ns // 10**9}.{mtime_ns % 10**9:09d}",
     }
 
 
@@ -100,6 +100,17 @@ class DecodedAttrs:
     is_symlink: bool
 
 
+def _parse_mtime_ns(text: str | None) -> int | None:
+    """'1700000000.123456789' (seconds, exact to the ns) -> ns; also plain integers."""
+    if not text:
+        return None
+    whole, _, frac = text.strip().partition(".")
+    try:
+        return int(whole) * 10**9 + int((frac + "000000000")[:9] or "0")
+    except ValueError:
+        return None
+
+
 def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
     """Attributes from user metadata; absent or malformed values become None (defaults)."""
 
@@ -109,11 +120,7 @@ def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
         except (KeyError, ValueError):
             return None
 
-    mtime_ns: int | None
-    try:
-        mtime_ns = int(float(meta[META_MTIME]) * 1e9)
-    except (KeyError, ValueError):
-        mtime_ns = None
+    mtime_ns = _parse_mtime_ns(meta.get(META_MTIME))
     mode = as_int(META_MODE)
     is_link = meta.get(META_SYMLINK) == "1" or (mode is not None and stat.S_ISLNK(mode))
     return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link)

@@ -30,7 +30,7 @@ def test_fids_are_never_reused_across_reopen(tmp_path):
 def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = _file(j)
-    j.mark_dirty(rec.fid, [0, 1])
+    j.mark_dirty(rec, [0, 1])
     j.start_upload(rec.fid, "U1", "a")
     j.mark_uploaded(rec.fid, 0, "e0")
     assert j.chunks(rec.fid) == {0: (CHUNK_UPLOADED, "e0"), 1: (CHUNK_DIRTY, None)}
@@ -44,7 +44,7 @@ def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
 def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = _file(j)
-    j.mark_dirty(rec.fid, [0, 1])
+    j.mark_dirty(rec, [0, 1])
     j.mark_uploaded(rec.fid, 0, "e0")
     j.finish_commit(rec.fid, [0], keep_file=True, base_key="a", base_size=10)
     (left,) = j.pending_files()
@@ -66,7 +66,7 @@ def test_forget_uploads_makes_uploaded_parts_dirty_again(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = _file(j)
     j.start_upload(rec.fid, "U1", "a")
-    j.mark_dirty(rec.fid, [3])
+    j.mark_dirty(rec, [3])
     j.mark_uploaded(rec.fid, 3, "e")
     j.forget_uploads(rec.fid)
     assert j.chunks(rec.fid) == {3: (CHUNK_DIRTY, None)}

@@ -27,35 +27,58 @@ THIS = Path(__file__).resolve()
 # saver and a loader (or a reference save to local disk) agree without sharing memory.
 # ---------------------------------------------------------------------------------------
 
-def _dcp_state(rank: int, world: int, mib_per_rank: int, seed: int, mesh: object, *,
-               zeros: bool = False) -> dict:
+def _dcp_rows(mib_per_rank: int) -> int:
+    return max(1, mib_per_rank * MiB // 4 // 1024 // 2)  # two sharded float32 tensors
+
+
+def _dcp_shard(seed: int, which: int, rank: int, rows: int) -> object:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1000 + which * 100 + rank)
+    return torch.randn(rows, 1024, generator=gen)
+
+
+def _dcp_state(rank: int, world: int, mib_per_rank: int, seed: int, mesh: object) -> dict:
+    """This rank's part of a sharded state: two row-sharded DTensors plus replicated bits."""
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
-    cols = 1024
-    rows = max(1, mib_per_rank * MiB // 4 // cols // 2)  # two sharded float32 tensors
+    rows = _dcp_rows(mib_per_rank)
 
-    def shard(name_seed: int) -> object:
-        if zeros:
-            local = torch.zeros(rows, cols)
-        else:
-            gen = torch.Generator().manual_seed(seed * 1000 + name_seed * 100 + rank)
-            local = torch.randn(rows, cols, generator=gen)
-        return DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                  shape=torch.Size([rows * world, cols]),
-                                  stride=(cols, 1))
+    def sharded(which: int) -> object:
+        return DTensor.from_local(_dcp_shard(seed, which, rank, rows), mesh, [Shard(0)],
+                                  run_check=False, shape=torch.Size([rows * world, 1024]),
+                                  stride=(1024, 1))
 
-    gen = torch.Generator().manual_seed(seed)
-    bias = torch.zeros(4096) if zeros else torch.randn(4096, generator=gen)
     return {
-        "model": {"layers.0.weight": shard(1), "layers.0.bias": bias},
-        "optim": {"exp_avg": shard(2), "lr": 0.0 if zeros else 0.125},
+        "model": {"layers.0.weight": sharded(1),
+                  "layers.0.bias": torch.randn(4096, generator=torch.Generator().manual_seed(seed))},
+        "optim": {"exp_avg": sharded(2), "lr": 0.125},
+        "step": 100 + seed,
+    }
+
+
+def dcp_full_state(world: int, mib_per_rank: int, seed: int, *, zeros: bool = False) -> dict:
+    """The same state as plain full tensors: what a single process loads (resharding)."""
+    import torch
+
+    rows = _dcp_rows(mib_per_rank)
+
+    def full(which: int) -> object:
+        if zeros:
+            return torch.zeros(rows * world, 1024)
+        return torch.cat([_dcp_shard(seed, which, r, rows) for r in range(world)])
+
+    bias = torch.randn(4096, generator=torch.Generator().manual_seed(seed))
+    return {
+        "model": {"layers.0.weight": full(1),
+                  "layers.0.bias": torch.zeros(4096) if zeros else bias},
+        "optim": {"exp_avg": full(2), "lr": 0.0 if zeros else 0.125},
         "step": 0 if zeros else 100 + seed,
     }
 
 
 def _dcp_worker(rank: int, args: argparse.Namespace) -> None:
-    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -64,45 +87,31 @@ def _dcp_worker(rank: int, args: argparse.Namespace) -> None:
                             world_size=args.world)
     try:
         mesh = init_device_mesh("cpu", (args.world,))
-        if args.mode == "dcp-save":
-            state = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh)
-            if args.use_async:
-                fut = dcp.async_save(state, checkpoint_id=args.dir)
-                # the training step may run here; the checkpoint is done at result()
-                result = getattr(fut, "upload_completion", fut)
-                result.result()
-            else:
-                dcp.save(state, checkpoint_id=args.dir)
+        state = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh)
+        if args.reference:  # the same save to local disk, to compare the mount's files with
+            dcp.save(state, checkpoint_id=args.reference)
             dist.barrier()
-            return
-        expected = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh)
-        loaded = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh, zeros=True)
-        dcp.load(loaded, checkpoint_id=args.dir)
-        checks = [
-            torch.equal(loaded["model"]["layers.0.weight"].to_local(),
-                        expected["model"]["layers.0.weight"].to_local()),
-            torch.equal(loaded["optim"]["exp_avg"].to_local(),
-                        expected["optim"]["exp_avg"].to_local()),
-            torch.equal(loaded["model"]["layers.0.bias"], expected["model"]["layers.0.bias"]),
-            loaded["optim"]["lr"] == expected["optim"]["lr"],
-            loaded["step"] == expected["step"],
-        ]
-        if not all(checks):
-            raise SystemExit(f"rank {rank}: loaded state differs from the saved one: {checks}")
+            if rank == 0:
+                Path(args.reference, "DONE").touch()
+        dcp.save(state, checkpoint_id=args.dir)
+        if args.async_dir:
+            fut = dcp.async_save(state, checkpoint_id=args.async_dir)
+            # a training step could run here; the checkpoint is complete at result()
+            getattr(fut, "upload_completion", fut).result()
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 def _script_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["dcp-save", "dcp-load"])
+    parser = argparse.ArgumentParser(description="DCP save with N ranks (gloo on CPU)")
     parser.add_argument("--dir", required=True)
+    parser.add_argument("--async-dir", help="also dcp.async_save the state here")
+    parser.add_argument("--reference", help="first save the same state to this local dir")
     parser.add_argument("--store", required=True, help="FileStore path (must not exist)")
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--mib-per-rank", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--async", dest="use_async", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.multiprocessing as tmp
