@@ -72,6 +72,8 @@ def markdown(results: dict[str, Any]) -> str:
             for k, e in (w.get("errors") or {}).items()]
     if errs:
         lines += ["", "Errors (points missing above):", ""] + [f"- {e[:300]}" for e in errs]
+    if results.get("anomalies"):
+        lines += ["", "Anomalies:", ""] + [f"- {a}" for a in results["anomalies"]]
     if results.get("fatal"):
         lines += ["", f"Fatal: {results['fatal']}"]
     lines += ["", "Goals (informative):", ""]

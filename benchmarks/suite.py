@@ -17,6 +17,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class Suite:
         self.peer_bins: dict[str, str] = {}
         self._bucket_no = 0
         self.small_errors: dict[str, str] = {}
+        self.anomalies: list[str] = []
 
     # ------------------------------------------------------------------ plumbing
 
@@ -315,8 +317,9 @@ class Suite:
                 out["ls_warm"].append(ls)
                 out["stat_warm"].append(st)
                 if target:
-                    self.stop_target(target)
-                    if isinstance(target, LakefsTarget):
+                    stopped, target = target, None
+                    self.stop_target(stopped)
+                    if isinstance(stopped, LakefsTarget):
                         self._verify_small(bucket, "small/", chunks, want_crcs)
                     target = self.start_target(make(self.work / f"{label}-c{r}", bucket))
                     d = target.path / "small"
@@ -346,8 +349,21 @@ class Suite:
             raise RuntimeError(f"ls -l {d} failed: {proc.stderr.strip()}")
         listed = sum(1 for line in proc.stdout.splitlines() if line.startswith("-"))
         if listed != count:
-            self.mismatches.append(f"ls -l {d}: {listed} files listed, want {count}")
-            raise DataError(f"ls -l {d} shows {listed} files, want {count}")
+            # a file that was created (and flushed) is missing from the listing: report
+            # it, and fail only if it does not show up within 15 s (metadata TTL and more)
+            missing = sorted({f"f{i:06d}" for i in range(count)} - set(os.listdir(d)))
+            deadline = time.monotonic() + 15
+            while missing and time.monotonic() < deadline:
+                time.sleep(0.5)
+                missing = sorted({f"f{i:06d}" for i in range(count)} - set(os.listdir(d)))
+            self.anomalies.append(
+                f"ls -l {d} right after the writers (and flush) listed {listed} of {count} "
+                f"files; " + (f"still missing after 15 s: {missing[:5]}" if missing else
+                              "complete again after a few seconds"))
+            self.log("ANOMALY: " + self.anomalies[-1])
+            if missing:
+                self.mismatches.append(self.anomalies[-1])
+                raise DataError(self.anomalies[-1])
         t = time.monotonic()
         for entry in os.listdir(d):
             os.stat(d / entry)
@@ -358,7 +374,8 @@ class Suite:
         sizes = {}
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            sizes.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+            sizes.update({o["Key"]: o["Size"] for o in page.get("Contents", [])
+                          if not o["Key"].endswith("/")})  # the directory marker
         want = sum(len(c) for c in chunks)
         if len(sizes) != want or set(sizes.values()) != {self.args.small_kib * 1024}:
             self.mismatches.append(f"small files in {bucket}: {len(sizes)} objects")
@@ -574,6 +591,7 @@ class Suite:
                      "raw_s3_tuning": {"part_size": RAW_PART,
                                        "requests_in_flight": RAW_CONCURRENCY}},
             "workloads": self.workloads,
+            "anomalies": self.anomalies,
             "checksums": {"ok": not self.mismatches and self.checked > 0,
                           "checked": self.checked, "mismatches": self.mismatches},
             "daemon_peak_rss_mib": {k: v / MiB for k, v in self.peak_rss.items()},
@@ -648,6 +666,9 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             f" = {100 * p['ratio']:.0f} %")
     else:
         add(False, "restore: no measurement")
+    listing = [x for x in results.get("anomalies", []) if "lakefs" in x]
+    add(not listing, "small files: listing complete right after create + flush" +
+        (f": {listing[0]}" if listing else ""))
     rss = [v for k, v in results.get("daemon_peak_rss_mib", {}).items() if "lakefs" in k]
     if rss:
         add(max(rss) <= 256, f"daemon peak RSS <= 256 MiB: {max(rss):.0f} MiB (max over all "
@@ -700,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(k, None)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+
+    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
     suite = Suite(a)
     crashed = False
     try:
@@ -709,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         results = suite._results(0)
         results["fatal"] = str(exc)
         crashed = True
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc()
         results = suite._results(0)
         results["fatal"] = f"{type(exc).__name__}: {exc}"

@@ -199,9 +199,21 @@ def run_parallel(kind: str, arg_list: Sequence[tuple], timeout: float = 3600) ->
     errors: list[str] = []
     try:
         deadline = time.monotonic() + timeout
-        for _ in procs:
-            left = deadline - time.monotonic()
-            index, result, error = queue.get(timeout=max(left, 1))
+        reported: set[int] = set()
+        while len(reported) < len(procs):
+            try:
+                index, result, error = queue.get(timeout=1)
+            except Exception:  # queue.Empty: is everybody still alive?
+                dead = [i for i, p in enumerate(procs)
+                        if i not in reported and not p.is_alive() and p.exitcode != 0]
+                if dead:
+                    barrier.abort()
+                    raise WorkerError(f"{kind} worker(s) {dead} died (exit codes "
+                                      f"{[procs[i].exitcode for i in dead]})") from None
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"{kind} workers timed out after {timeout} s") from None
+                continue
+            reported.add(index)
             if error:
                 errors.append(f"worker {index} ({kind}): {error}")
             results[index] = result

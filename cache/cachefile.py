@@ -68,6 +68,8 @@ class CachedFile:
     error_streak: int = 0  # failures since the last success
     error_count: int = 0  # failures ever (a flush counts only those after it started)
     last_error: str | None = None
+    validated_at: float = 0.0  # monotonic time S3 last confirmed base_etag
+    page_cache_etag: str | None = None  # version the kernel's page cache holds
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)
     io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
 

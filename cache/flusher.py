@@ -18,12 +18,14 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.layout import META_SYMLINK, encode_attrs
 from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload
 
 log = logging.getLogger(__name__)
 
 ERRORS_BEFORE_FLUSH_FAILS = 5
+BUFFERED_PART_MAX = 16 * 1024 * 1024  # larger parts stream from the cache file
 
 
 class FlushFailed(Exception):
@@ -45,6 +47,7 @@ class Flusher:
         self.parts = cache.parts
         self.metrics = cache.metrics
         self._slots = trio.Semaphore(concurrency)
+        self.buffered_part_max = BUFFERED_PART_MAX
         self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
         self._part_queue: set[tuple[CachedFile, int]] = set()
         self._committing: set[CachedFile] = set()
@@ -220,11 +223,7 @@ class Flusher:
                 self.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
-                    data = await self.cache.read_chunk_for_upload(cf, start, end)
-                    etag = await self._s3(cf, f"UploadPart {key} #{idx + 1}",
-                                          self.store.sync.upload_part, key, upload_id, idx + 1,
-                                          data)
-                    del data
+                    etag = await self._send_part(cf, key, upload_id, idx, start, end)
                 finally:
                     self.in_flight -= 1
         except BaseException:
@@ -243,6 +242,24 @@ class Flusher:
             self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # written meanwhile: goes up again
         ch.settled.set()
         self._progress_changed()
+
+    async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
+                         start: int, end: int) -> str:
+        """UploadPart of bytes [start, end) of the cache file; big parts are streamed."""
+        what = f"UploadPart {key} #{idx + 1}"
+        if end - start <= self.buffered_part_max:
+            data = await self.cache.read_chunk_for_upload(cf, start, end)
+            return str(await self._s3(cf, what, self.store.sync.upload_part, key, upload_id,
+                                      idx + 1, data))
+
+        async def read_range(a: int, b: int) -> bytes:
+            return await self.cache.read_chunk_for_upload(cf, a, b)
+
+        def send() -> str:  # a fresh body for every attempt
+            body = CachePartBody(read_range, start, end - start)
+            return self.store.sync.upload_part(key, upload_id, idx + 1, body)
+
+        return str(await self._s3(cf, what, send))
 
     async def _part_for_commit(self, cf: CachedFile, idx: int, size: int,
                                key: str, upload_id: str) -> tuple[int, str]:

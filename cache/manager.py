@@ -27,7 +27,8 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
-from lakefs_mount.cache.journal import AsyncJournal, PendingFile, WarmFile
+from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 
@@ -57,7 +58,7 @@ class CacheManager:
         self._fetch_slots = trio.Semaphore(read_ahead + 2)  # chunk buffers held by GETs
         self._nursery: trio.Nursery | None = None
         self._evicting = False
-        self.warm: dict[str, WarmFile] = {}  # clean content a previous mount left, by key
+        self.warm = WarmCache(journal, self.budget, parts, self.cache_path)
         # Set by the flusher: called when a full chunk can go up while writing continues.
         self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
         self.on_pressure: Callable[[], None] = lambda: None
@@ -73,35 +74,14 @@ class CacheManager:
     # -- the warm cache a previous mount left ----------------------------------------
 
     async def load_warm(self) -> None:
-        """Take stock of the cache directory: keep what the journal knows, drop the rest."""
-        journal = self.journal
-        self.warm = await journal(journal.sync.warm_files)
-        known = await journal(journal.sync.known_fids)
-        for path in self.data_dir.iterdir():
-            if not path.name.isdigit() or int(path.name) not in known:
-                path.unlink(missing_ok=True)  # a leftover of a crash or of an unlink
-        for entry in self.warm.values():
-            self.budget.added(sum(self._chunk_bytes(i) for i in entry.chunks))
-        for key in sorted(self.warm, key=lambda k: self.warm[k].fid):
-            if not self.budget.over:
-                break
-            await self._drop_warm(self.warm.pop(key))
-        if self.warm:
-            log.info("warm cache: %d file(s) from the previous mount", len(self.warm))
-
-    async def _drop_warm(self, entry: WarmFile) -> None:
-        self.budget.removed(sum(self._chunk_bytes(i) for i in entry.chunks))
-        await self.journal(self.journal.sync.forget_cached, entry.fid)
-        self.cache_path(entry.fid).unlink(missing_ok=True)
+        await self.warm.load(self.data_dir)
 
     def adopt_warm(self, cf: CachedFile) -> None:
         """A file seen in S3: if a previous mount cached this very version, reuse it."""
-        entry = self.warm.pop(cf.key, None)
+        entry, stale = self.warm.take(cf)
+        if stale is not None and self._nursery is not None:
+            self._nursery.start_soon(self.warm.drop, stale)
         if entry is None:
-            return
-        if entry.etag != cf.base_etag or entry.size != cf.base_size or cf.fid is not None:
-            if self._nursery is not None:
-                self._nursery.start_soon(self._drop_warm, entry)  # changed in S3: stale
             return
         cf.fid = entry.fid
         self.files[entry.fid] = cf

@@ -125,6 +125,7 @@ class Daemon:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
                 self.ns.on_remote_file = self.cache.adopt_warm
+                self.ns.on_remote_change = self.cache.invalidate
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:
@@ -192,7 +193,10 @@ class Daemon:
             "cache_dir": str(self.config.resolved_cache_dir()),
             "cache_size": self.config.cache_size,
             "cache_used": _disk_usage(cache.data_dir),
-            "errors_now": [cf.last_error for cf in pending if cf.error_streak][:5],
+            "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
+            "retries": self.metrics[m.RETRIES],
+            "errors": self.metrics[m.ERRORS],
+            "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
             **self.flusher.status(),
             "counters": dict(self.metrics),
         }

@@ -55,6 +55,7 @@ class Handle:
     inode: Inode
     writable: bool
     append: bool
+    keep_cache: bool = False  # the kernel's page cache of this file is still valid
 
 
 @asynccontextmanager
@@ -410,12 +411,14 @@ class FileSystem:
             return new_prefix + key[len(old_prefix):] if key.startswith(old_prefix) else key
 
         files = [d.file for d in self.ns.descendants(inode) if d.file is not None]
-        async with s3_errors(f"listing {old_prefix}"):
-            objects = await self.store.list_recursive(old_prefix)
         locks = [cf.commit_lock for cf in files]
         for lock in locks:
             await lock.acquire()
         try:
+            # listed only once no commit is in flight: one landing after the listing would
+            # be rekeyed without being copied and stay behind under the old prefix
+            async with s3_errors(f"listing {old_prefix}"):
+                objects = await self.store.list_recursive(old_prefix)
             for cf in files:  # pending data follows the new names; bases stay until copied
                 await self.cache.rekey(cf, moved(cf.key), cf.base_key)
             try:
@@ -466,16 +469,38 @@ class FileSystem:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable:
             self._writable_fs()
+        await self._revalidate(inode)
+        keep = cf.page_cache_etag is not None and cf.page_cache_etag == cf.base_etag
+        cf.page_cache_etag = cf.base_etag
         cf.openers += 1
         if writable:
             cf.writers += 1
         fh = self._new_fh()
-        self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND))
+        self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
         if writable and flags & os.O_TRUNC and cf.size:
             async with cf.commit_lock:  # as in setattr: no commit may drop the journal row
                 await self.cache.truncate(cf, 0)
                 cf.mtime_ns = time.time_ns()
         return fh
+
+    async def _revalidate(self, inode: Inode) -> None:
+        """Close-to-open: a first open after the TTL checks the ETag; a changed object
+        drops the cached chunks of the old version."""
+        cf = inode.file
+        assert cf is not None
+        if (cf.pending or cf.openers or cf.base_key is None
+                or time.monotonic() - cf.validated_at < self.ns.ttl):
+            return
+        async with s3_errors(f"HEAD {cf.base_key}"):
+            info = await self.store.head(cf.base_key)
+        if info is None:
+            raise FSError(errno.ENOENT, f"{cf.base_key} was deleted in S3")
+        cf.validated_at = time.monotonic()
+        if info.etag != cf.base_etag:
+            self.ns.apply_metadata(inode, info)  # drops the chunks of the old version
+
+    def keep_cache(self, fh: int) -> bool:
+        return self._handle(fh).keep_cache
 
     async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
                      gid: int) -> tuple[int, Attr]:

@@ -119,7 +119,7 @@ class FuseOperations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         fh = await _call(self.fs.open, inode, flags)
-        return pyfuse3.FileInfo(fh=fh)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.keep_cache(fh))
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:

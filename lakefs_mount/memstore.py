@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from lakefs_mount.objectstore import (
     Listing,
@@ -169,10 +170,10 @@ class MemoryObjectStore:
         return upload_id
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview) -> str:
+                    body: bytes | memoryview | BinaryIO) -> str:
         self._count("upload_part")
         self._check_part_number(part_number)
-        data = bytes(body)
+        data = body.read() if hasattr(body, "read") else bytes(body)
         etag = _md5(data)
         with self._lock:
             self._upload(key, upload_id).parts[part_number] = (data, etag)

@@ -102,6 +102,8 @@ class Namespace:
         self._next_ino = itertools.count(ROOT_INO + 1)
         # Called for each file first seen in S3: the cache may hold it from a previous mount.
         self.on_remote_file: Callable[[CachedFile], None] = lambda cf: None
+        # Called before a file's base moves to a new version: its cached chunks are void.
+        self.on_remote_change: Callable[[CachedFile], None] = lambda cf: cf.chunks.clear()
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -188,7 +190,7 @@ class Namespace:
         uid, gid = self.owner
         cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
                         mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
-                        base_etag=obj.etag)
+                        base_etag=obj.etag, validated_at=time.monotonic())
         self.on_remote_file(cf)
         return cf
 
@@ -198,6 +200,10 @@ class Namespace:
             return
         prefix = self.key_of(dir_inode)
         try:
+            # What was local when the listing started stays, even if its commit lands while
+            # the listing is under way (the listing may predate the object).
+            local_at_start = {name for name, ino in dir_inode.children.items()
+                              if self._has_local_state(self.inodes[ino])}
             listing = await self.store.list_dir(prefix)
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
@@ -228,7 +234,8 @@ class Namespace:
             elif existing.file is not None:
                 self._refresh_file(existing, obj)
         for name, ino in list(dir_inode.children.items()):
-            if name not in seen and not self._has_local_state(self.inodes[ino]):
+            if (name not in seen and name not in local_at_start
+                    and not self._has_local_state(self.inodes[ino])):
                 self.detach(self.inodes[ino])
         dir_inode.listed_at = time.monotonic()
 
@@ -238,10 +245,11 @@ class Namespace:
         assert cf is not None
         if cf.pending or cf.openers or cf.base_etag == obj.etag:
             return
+        self.on_remote_change(cf)
         cf.size = cf.base_size = obj.size
         cf.base_etag = obj.etag
         cf.base_key = obj.key
-        cf.chunks.clear()
+        cf.validated_at = time.monotonic()
         cf.mtime_ns = int(obj.mtime * 1e9)
         inode.headed = False
 
@@ -291,6 +299,8 @@ class Namespace:
     def apply_metadata(self, inode: Inode, info: ObjectInfo) -> None:
         cf = inode.file
         assert cf is not None
+        if cf.pending:
+            return  # local changes not yet committed win over what S3 still holds
         attrs = decode_attrs(info.metadata)
         if attrs.mode is not None:
             cf.mode = attrs.mode
@@ -299,8 +309,11 @@ class Namespace:
         if attrs.gid is not None:
             cf.gid = attrs.gid
         cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
+        if cf.base_etag != info.etag:
+            self.on_remote_change(cf)
         cf.size = cf.base_size = info.size
         cf.base_etag = info.etag
+        cf.validated_at = time.monotonic()
         if attrs.is_symlink:
             inode.kind = Kind.SYMLINK
             cf.mode = stat.S_IFLNK | 0o777

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 
 class ObjectStoreError(Exception):
@@ -103,8 +103,8 @@ class ObjectStore(Protocol):
         ...
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview) -> str:
-        """Returns the part's ETag."""
+                    body: bytes | memoryview | BinaryIO) -> str:
+        """Returns the part's ETag; a file-like body is read from its current position."""
         ...
 
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,

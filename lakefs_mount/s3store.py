@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import boto3
 import botocore.exceptions as bce
@@ -327,8 +327,8 @@ class S3ObjectStore:
         return str(resp["UploadId"])
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview) -> str:
-        data = body if isinstance(body, bytes) else bytes(body)
+                    body: bytes | memoryview | BinaryIO) -> str:
+        data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         with self._errors("UploadPart", key):
             resp = self._client.upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,

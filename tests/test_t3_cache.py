@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import trio
 
 from lakefs_mount import metrics as m
@@ -25,6 +26,7 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.layout import PartMap
 from lakefs_mount.memstore import MemoryObjectStore
+from lakefs_mount.objectstore import ObjectStore
 from lakefs_mount.uring import open_engine
 
 MiB = 1024 * 1024
@@ -35,7 +37,7 @@ PART = 8 * MiB
 class Core:
     cache: CacheManager
     flusher: Flusher
-    store: MemoryObjectStore
+    store: ObjectStore
     journal: Journal
 
     def new_file(self, key: str) -> CachedFile:
@@ -56,7 +58,7 @@ class Core:
 
 
 @asynccontextmanager
-async def core(tmp_path: Path, store: MemoryObjectStore | None = None,
+async def core(tmp_path: Path, store: ObjectStore | None = None,
                max_dirty: int = 1 << 40, cache_size: int = 1 << 40) -> AsyncIterator[Core]:
     store = store or MemoryObjectStore()
     journal = Journal(tmp_path / "journal.db")
@@ -280,3 +282,17 @@ def test_an_upload_created_but_never_recorded_is_aborted_at_the_next_mount(tmp_p
 
     trio.run(crash)
     trio.run(remount)
+
+
+@pytest.mark.parametrize("real_s3", [False, True])
+def test_parts_above_the_buffer_limit_stream_from_the_cache_file(tmp_path, request, real_s3):
+    store = request.getfixturevalue("s3") if real_s3 else MemoryObjectStore()
+    data = random.randbytes(3 * PART + 99)
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            c.flusher.buffered_part_max = MiB  # every part streams in 1 MiB pieces
+            cf = await c.write_file("streamed", data)
+            await c.close_and_flush(cf)
+    trio.run(body)
+    assert store.get_range("streamed", 0, len(data) + 1) == data

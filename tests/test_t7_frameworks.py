@@ -50,9 +50,9 @@ def _dcp_state(rank: int, world: int, mib_per_rank: int, seed: int, mesh: object
                                   run_check=False, shape=torch.Size([rows * world, 1024]),
                                   stride=(1024, 1))
 
+    bias = torch.randn(4096, generator=torch.Generator().manual_seed(seed))
     return {
-        "model": {"layers.0.weight": sharded(1),
-                  "layers.0.bias": torch.randn(4096, generator=torch.Generator().manual_seed(seed))},
+        "model": {"layers.0.weight": sharded(1), "layers.0.bias": bias},
         "optim": {"exp_avg": sharded(2), "lr": 0.125},
         "step": 100 + seed,
     }
@@ -135,19 +135,38 @@ pytest.importorskip("safetensors")
 pytest.importorskip("numpy")
 
 
-def _dcp(mode: str, directory: Path, store: Path, *, world: int = 4, mib_per_rank: int = 16,
-         seed: int = 0, use_async: bool = False, timeout: float = 180,
-         wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
-    cmd = [sys.executable, str(THIS), mode, "--dir", str(directory), "--store", str(store),
-           "--world", str(world), "--mib-per-rank", str(mib_per_rank), "--seed", str(seed)]
-    if use_async:
-        cmd.append("--async")
+def _dcp_save(directory: Path, store: Path, *, mib_per_rank: int, seed: int = 0,
+              async_dir: Path | None = None, reference: Path | None = None,
+              wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+    """Run this file as the 4-rank DCP saver (see the top of the file)."""
+    cmd = [sys.executable, str(THIS), "--dir", str(directory), "--store", str(store),
+           "--world", "4", "--mib-per-rank", str(mib_per_rank), "--seed", str(seed)]
+    if async_dir is not None:
+        cmd += ["--async-dir", str(async_dir)]
+    if reference is not None:
+        cmd += ["--reference", str(reference)]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, text=True)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           stdin=subprocess.DEVNULL, env=env)
+
+
+def _dcp_load_and_compare(directory: Path, *, mib_per_rank: int, seed: int) -> None:
+    """Load a 4-rank checkpoint into fresh full-size tensors here (DCP reshards), compare."""
+    import torch.distributed.checkpoint as dcp
+
+    loaded = dcp_full_state(4, mib_per_rank, seed, zeros=True)
+    dcp.load(loaded, checkpoint_id=str(directory), no_dist=True)
+    expected = dcp_full_state(4, mib_per_rank, seed)
+    for part in ("model", "optim"):
+        for k, v in expected[part].items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(loaded[part][k], v), f"{part}.{k} differs"
+            else:
+                assert loaded[part][k] == v
+    assert loaded["step"] == expected["step"]
 
 
 def _ok(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -212,40 +231,33 @@ def test_torch_save_256mib_reads_back_from_s3_after_remount_with_empty_cache(
 
 # -- torch.distributed.checkpoint ------------------------------------------------------
 
-def test_dcp_save_4_ranks_then_load_from_a_cold_mount(mount_factory, s3, tmp_path):
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_save_and_async_save_4_ranks_then_load_from_a_cold_mount(
+        mount_factory, s3, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
     m = mount_factory(name="writer")
-    ckpt = m.path / "dcp" / "step_100"
-    _ok(_dcp("dcp-save", ckpt, tmp_path / "store-save", mib_per_rank=24), "DCP save")
+    ckpt, async_ckpt = m.path / "dcp" / "step_100", m.path / "dcp" / "step_200"
+    has_async = hasattr(dcp, "async_save")  # one 4-rank run does both saves
+    _ok(_dcp_save(ckpt, tmp_path / "store", mib_per_rank=24,
+                  async_dir=async_ckpt if has_async else None), "DCP save")
     files = sorted(p.name for p in ckpt.iterdir())
     assert ".metadata" in files and len([f for f in files if f.endswith(".distcp")]) == 4
     sizes = {f"dcp/step_100/{p.name}": p.stat().st_size for p in ckpt.iterdir()}
     assert all(sizes[k] > 20 * MiB for k in sizes if k.endswith(".distcp")), sizes  # sharded
+    if has_async:
+        sizes.update({f"dcp/step_200/{p.name}": p.stat().st_size for p in async_ckpt.iterdir()})
     _flushed(m)
     assert _keys(s3, "dcp/") == sizes
     assert m.unmount().returncode == 0
 
-    cold = mount_factory(name="cold-reader")
-    _ok(_dcp("dcp-load", cold.path / "dcp" / "step_100", tmp_path / "store-load",
-             mib_per_rank=24), "DCP load from a cold mount")
-
-
-def test_dcp_async_save_4_ranks(mount_factory, s3, tmp_path):
-    import torch.distributed.checkpoint as dcp
-
-    if not hasattr(dcp, "async_save"):
-        pytest.skip(f"torch {torch.__version__} has no dcp.async_save")
-    m = mount_factory(name="writer")
-    ckpt = m.path / "dcp-async" / "step_200"
-    _ok(_dcp("dcp-save", ckpt, tmp_path / "store-save", mib_per_rank=8, seed=7,
-             use_async=True), "DCP async_save")
-    _flushed(m)
-    keys = _keys(s3, "dcp-async/step_200/")
-    assert "dcp-async/step_200/.metadata" in keys
-    assert len([k for k in keys if k.endswith(".distcp")]) == 4
-    assert m.unmount().returncode == 0
-    cold = mount_factory(name="cold-reader")
-    _ok(_dcp("dcp-load", cold.path / "dcp-async" / "step_200", tmp_path / "store-load",
-             mib_per_rank=8, seed=7), "DCP load of the async save")
+    cold = mount_factory(name="cold-reader")  # empty cache: every byte is read from S3
+    _dcp_load_and_compare(cold.path / "dcp" / "step_100", mib_per_rank=24, seed=0)
+    if has_async:
+        _dcp_load_and_compare(cold.path / "dcp" / "step_200", mib_per_rank=24, seed=0)
+    assert cold.counters().get("bytes_downloaded", 0) >= sum(sizes.values())
+    if not has_async:
+        pytest.skip(f"torch {torch.__version__} has no dcp.async_save (sync save passed)")
 
 
 # -- safetensors ------------------------------------------------------------------------
@@ -298,11 +310,12 @@ def _write_checkpoint(directory: Path, seed: int) -> dict[str, bytes]:
     return payload
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a file whose parts were streamed while it was written (multipart upload open "
-    "at the tmp key) is completed at the old key and then CopyObject'd to the new key "
-    "(cache/flusher.py _commit, 'renamed while its upload was open'): a rename of data "
-    "not yet in S3 should be a journal update only"))
+@pytest.mark.xfail(strict=False, reason=(
+    "design gap: the flusher commits each file as soon as it is closed and a rename waits "
+    "for commits in flight, so a tmp-dir renamed right after writing is already (being) "
+    "committed at the tmp keys and every file is CopyObject'd; files whose parts streamed "
+    "while written complete their multipart upload at the tmp key and are copied too "
+    "(cache/flusher.py _commit). DESIGN.md: a rename of data not yet in S3 needs no copy"))
 def test_tmp_dir_rename_of_dirty_checkpoint_needs_no_server_side_copy(mount, s3):
     m = mount
     before = m.counters()
@@ -320,7 +333,11 @@ def test_tmp_dir_rename_of_dirty_checkpoint_needs_no_server_side_copy(mount, s3)
 
 
 def test_tmp_dir_rename_small_files_right_after_writing(mount, s3):
-    """Like above with only sub-part files: every key ends under checkpoint-100/ only."""
+    """Commits in flight during the rename must land under the new name, not the old one.
+
+    Regression: FileSystem._rename_dir listed the old prefix before taking the commit
+    locks, so a commit landing in between stayed under tmp-*/ only (data lost from the
+    renamed directory, yet flush reported success)."""
     m = mount
     tmp = m.path / "tmp-checkpoint-7"
     tmp.mkdir()
@@ -379,27 +396,26 @@ def test_rmtree_of_old_checkpoint_removes_its_objects(mount, s3):
 
 # -- crash in the middle of a DCP save ----------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_kill9_during_dcp_save_never_leaves_a_silently_truncated_checkpoint(
         mount_factory, s3, tmp_path):
-    mib = 48  # per rank: long enough a save to be interrupted
-    reference = tmp_path / "reference"
-    _ok(_dcp("dcp-save", reference, tmp_path / "store-ref", mib_per_rank=mib, seed=5),
-        "reference DCP save to local disk")
-    ref_bytes = {p.name: p.read_bytes() for p in reference.iterdir()}
-
+    mib = 48  # per rank: a save long enough to be interrupted
+    reference = tmp_path / "reference"  # the same state saved to local disk first
     m = mount_factory(name="crash")
     ckpt = m.path / "ckpt" / "step_500"
-    saver = _dcp("dcp-save", ckpt, tmp_path / "store-save", mib_per_rank=mib, seed=5,
-                 wait=False)
-    deadline = time.monotonic() + 120
+    saver = _dcp_save(ckpt, tmp_path / "store", mib_per_rank=mib, seed=5,
+                      reference=reference, wait=False)
+    deadline = time.monotonic() + 180
     killed = False
     try:
         while time.monotonic() < deadline and saver.poll() is None:
-            try:
-                sizes = [p.stat().st_size for p in ckpt.iterdir()]
-            except OSError:
-                sizes = []
-            if sum(sizes) >= 8 * MiB:  # some files appeared and are being written
+            written = 0
+            if (reference / "DONE").exists():
+                try:
+                    written = sum(p.stat().st_size for p in ckpt.iterdir())
+                except OSError:
+                    pass
+            if written >= 8 * MiB:  # files appeared and are being written
                 m.kill9()
                 killed = True
                 break
@@ -410,29 +426,30 @@ def test_kill9_during_dcp_save_never_leaves_a_silently_truncated_checkpoint(
             saver.kill()
             saver.wait()
     assert killed, f"the save finished before the daemon could be killed:\n{out}"
-    m.start()
+    ref_bytes = {p.name: p.read_bytes() for p in reference.iterdir() if p.name != "DONE"}
+    m.start()  # same cache dir: recovery uploads what the journal holds
     _flushed(m)
 
     objects = {k.rsplit("/", 1)[1]: size for k, size in _keys(s3, "ckpt/step_500/").items()}
+    print(f"saver exit status {saver.returncode}; in S3 after recovery: {objects}")
     for name, size in objects.items():
         assert name in ref_bytes, f"unexpected object {name}"
-        body = s3.get_range(f"ckpt/step_500/{name}", 0, size) if size else b""
         if name == ".metadata":
-            continue  # pickled plan: compared by loading below
-        # whatever reached S3 is what the saver wrote: the reference's bytes, or (for a
-        # write the crash interrupted and the saver saw fail) a prefix of them
+            continue  # a pickle: checked by loading below
+        body = s3.get_range(f"ckpt/step_500/{name}", 0, size) if size else b""
+        # what reached S3 is what the saver wrote: the reference's bytes or, for a write
+        # that the crash interrupted (and the saver saw fail), a prefix of them
         assert body == ref_bytes[name][:size], f"{name}: bytes differ from what was written"
         if size < len(ref_bytes[name]):
             assert saver.returncode != 0, (
                 f"{name} is truncated in S3 ({size} of {len(ref_bytes[name])} bytes) "
                 f"but the saver exited 0")
     if saver.returncode == 0 or ".metadata" in objects:
-        # the framework believes the checkpoint complete: every file is, and it loads
+        # the framework believes the checkpoint complete: so is every file, and it loads
         assert {n: s for n, s in objects.items() if n != ".metadata"} == \
             {n: len(b) for n, b in ref_bytes.items() if n != ".metadata"}, out
         assert m.unmount().returncode == 0
         cold = mount_factory(name="cold-reader")
-        _ok(_dcp("dcp-load", cold.path / "ckpt" / "step_500", tmp_path / "store-load",
-                 mib_per_rank=mib, seed=5), "loading the checkpoint saved across a crash")
+        _dcp_load_and_compare(cold.path / "ckpt" / "step_500", mib_per_rank=mib, seed=5)
     else:
-        assert "Error" in out or "error" in out, out
+        assert "rror" in out, f"the saver failed without saying why:\n{out}"

@@ -1,0 +1,72 @@
+"""A part body that streams from the cache file, so a 4 GiB part never sits in memory.
+
+boto3 reads it in a worker thread; each read hops back into the trio loop, where the cache
+file is read through the I/O engine. botocore may read it twice (payload hash, then send),
+seeking back in between, so it supports seek and tell.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Awaitable, Callable
+
+import trio
+
+READ_PIECE = 1024 * 1024
+
+
+class CachePartBody(io.RawIOBase):
+    def __init__(self, read_range: Callable[[int, int], Awaitable[bytes]], start: int,
+                 length: int) -> None:
+        super().__init__()
+        self._read_range = read_range
+        self._start = start
+        self._length = length
+        self._pos = 0
+        self._buf = b""
+        self._buf_pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return self._length
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + offset))
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        n = min(size, self._length - self._pos)
+        if n <= 0:
+            return b""
+        rel = self._pos - self._buf_pos
+        if not 0 <= rel < len(self._buf):  # http.client reads 8 KiB at a time: buffer 1 MiB
+            off = self._start + self._pos
+            piece = min(READ_PIECE, self._length - self._pos)
+            self._buf = trio.from_thread.run(self._read_range, off, off + piece)
+            self._buf_pos, rel = self._pos, 0
+        data = self._buf[rel:rel + n]
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        pieces = []
+        while piece := self.read(READ_PIECE):
+            pieces.append(piece)
+        return b"".join(pieces)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
