@@ -10,6 +10,7 @@ Memory is bounded: at most `concurrency` chunk buffers exist at once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -20,12 +21,13 @@ from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.layout import META_SYMLINK, encode_attrs
-from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload
+from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 ERRORS_BEFORE_FLUSH_FAILS = 5
 BUFFERED_PART_MAX = 16 * 1024 * 1024  # larger parts stream from the cache file
+COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
 
 
 class FlushFailed(Exception):
@@ -40,7 +42,8 @@ class FlushProgress:
 
 
 class Flusher:
-    def __init__(self, cache: CacheManager, concurrency: int) -> None:
+    def __init__(self, cache: CacheManager, concurrency: int,
+                 commit_delay: float = 0.0) -> None:
         self.cache = cache
         self.store = cache.store
         self.journal = cache.journal
@@ -51,7 +54,10 @@ class Flusher:
         self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
         self._part_queue: set[tuple[CachedFile, int]] = set()
         self._committing: set[CachedFile] = set()
-        self._commit_wanted: set[CachedFile] = set()
+        self._commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
+        # A closed file waits this long before its commit starts, so that the rename a
+        # checkpoint saver does right after writing is a journal update, not a copy.
+        self.commit_delay = commit_delay
         self._wake = trio.Event()
         self._changed = trio.Event()
         self.in_flight = 0
@@ -67,14 +73,16 @@ class Flusher:
             self._nursery = nursery
             task_status.started()
             while True:
-                await self._wake.wait()
+                with trio.move_on_at(min(self._commit_wanted.values(), default=math.inf)):
+                    await self._wake.wait()
                 self._wake = trio.Event()
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
                     nursery.start_soon(self._stream_part, cf, idx)
-                for cf in list(self._commit_wanted):
-                    if cf not in self._committing:
-                        self._commit_wanted.discard(cf)
+                now = trio.current_time()
+                for cf, due in list(self._commit_wanted.items()):
+                    if due <= now and cf not in self._committing:
+                        del self._commit_wanted[cf]
                         self._committing.add(cf)
                         nursery.start_soon(self._commit_task, cf)
 
@@ -88,9 +96,11 @@ class Flusher:
         self._part_queue.add((cf, idx))
         self._wake.set()
 
-    def request_commit(self, cf: CachedFile) -> None:
+    def request_commit(self, cf: CachedFile, settle: bool = False) -> None:
+        """Commit `cf`; with `settle` (a last close) only after the commit delay."""
         if cf.pending and not cf.unlinked:
-            self._commit_wanted.add(cf)
+            due = trio.current_time() + (self.commit_delay if settle else 0.0)
+            self._commit_wanted[cf] = min(due, self._commit_wanted.get(cf, math.inf))
             self._wake.set()
 
     def _drain_all_full_chunks(self) -> None:
@@ -148,7 +158,10 @@ class Flusher:
             cf.last_error = str(exc)
             self._progress_changed()
 
-        result = await self.store.retrying(what, fn, *args, on_error=on_error)  # type: ignore[arg-type]
+        # A few quick attempts only: a commit holds the file's lock, which a rename needs;
+        # the commit task itself backs off (without the lock) and tries again.
+        result = await self.store.retrying(what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
+                                           max_attempts=COMMIT_ATTEMPTS)
         cf.error_streak = 0
         cf.last_error = None
         return result
@@ -174,10 +187,23 @@ class Flusher:
             return cf.upload_key, cf.upload_id
 
     async def _forget_upload(self, cf: CachedFile) -> None:
-        """The upload vanished (aborted elsewhere, expired): its parts go up again."""
+        """An upload vanished (aborted elsewhere, expired): its parts go up again.
+
+        Only if the file's current upload is the one gone: a request that raced with a
+        rename's abort must not throw away the upload that replaced it.
+        """
+        upload_id, upload_key = cf.upload_id, cf.upload_key
+        if upload_id is None or upload_key is None:
+            return
+        try:
+            await self.store.call(self.store.sync.list_parts, upload_key, upload_id)
+            return  # still there: the failure was an older upload's
+        except NoSuchUpload:
+            pass
+        if cf.upload_id != upload_id:
+            return
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
-        if cf.upload_id is not None:
-            await self.journal(self.journal.sync.end_upload, cf.upload_id)
+        await self.journal(self.journal.sync.end_upload, upload_id)
         cf.upload_id = cf.upload_key = None
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
@@ -200,7 +226,8 @@ class Flusher:
 
     def _background_failure(self, cf: CachedFile, what: str, exc: Exception) -> None:
         """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
-        log.error("%s of %s failed: %s", what, cf.key, exc, exc_info=True)
+        log.error("%s of %s failed: %s", what, cf.key, exc,
+                  exc_info=not isinstance(exc, ObjectStoreError))
         cf.error_streak += 1
         cf.error_count += 1
         cf.last_error = f"{what}: {exc}"
@@ -233,13 +260,15 @@ class Flusher:
             raise
         self.metrics[m.PARTS_UPLOADED] += 1
         self.metrics[m.BYTES_UPLOADED] += end - start
-        if ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch:
+        current = cf.upload_id == upload_id  # not aborted by a rename meanwhile
+        if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
+                and current):
             self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
             ch.etag, ch.length = str(etag), end - start
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
         elif ch.state is ChunkState.UPLOADING:
-            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # written meanwhile: goes up again
+            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
         ch.settled.set()
         self._progress_changed()
 
@@ -312,7 +341,7 @@ class Flusher:
             self._committing.discard(cf)
             self._progress_changed()
         if failed:
-            await trio.sleep(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
+            await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
         self.cache.release_idle_fd(cf)
@@ -404,6 +433,12 @@ class Flusher:
         await self.cache.discard(cf)
         cf.unlinked = False
         return True
+
+    async def abandon_upload(self, cf: CachedFile) -> None:
+        """A rename of a file whose upload is open at the old key: abort it, so the parts
+        go to the new key from the cache instead of a server-side copy afterwards."""
+        if cf.upload_id is not None:
+            await self._abort_upload(cf)
 
     async def _abort_upload(self, cf: CachedFile) -> None:
         assert cf.upload_id is not None and cf.upload_key is not None

@@ -143,6 +143,9 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
               show_default=True, help="Cache-file I/O engine.")
 @click.option("--metadata-ttl", type=click.FloatRange(min=0), default=5.0, show_default=True,
               metavar="SECONDS", help="How long listings and attributes are cached.")
+@click.option("--commit-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              metavar="SECONDS", help="How long a closed file waits before it is committed, "
+              "so that a rename right after writing costs no copy (flush does not wait).")
 @click.option("--read-ahead", type=click.IntRange(0, 256), default=4, show_default=True,
               metavar="CHUNKS", help="Chunks prefetched ahead of sequential readers.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -224,6 +227,7 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         upload_concurrency=opts["upload_concurrency"], allow_other=opts["allow_other"],
         read_only=opts["read_only"], fsync_mode=opts["fsync_mode"],
         io_engine=opts["io_engine"], metadata_ttl=opts["metadata_ttl"],
+        commit_delay=opts["commit_delay"],
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
         log_file=log_file,
         embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,

@@ -69,9 +69,13 @@ class AsyncStore:
                 else:
                     log.warning("%s failed: %s (retrying in %.1f s)", what, exc, delay)
                 self.metrics[m.RETRIES] += 1
-                with trio.move_on_after(delay):
-                    await self._retry_now.wait()
+                await self.backoff(delay)
                 delay = min(delay * 2, 30.0)
+
+    async def backoff(self, delay: float) -> None:
+        """Sleep before a retry; `wake_retries` cuts it short."""
+        with trio.move_on_after(delay):
+            await self._retry_now.wait()
 
     def wake_retries(self) -> None:
         """Cut every backoff short (a flush was asked for: S3 may be back)."""

@@ -64,6 +64,7 @@ class MountConfig:
     fsync_mode: str = "local"  # "local" | "remote"
     io_engine: str = "auto"  # "auto" | "uring" | "threads"
     metadata_ttl: float = 5.0
+    commit_delay: float = 1.0  # seconds a closed file waits before its commit starts
     read_ahead: int = 4  # chunks
     log_level: str = "INFO"
     log_file: Path | None = None

@@ -116,7 +116,8 @@ class Daemon:
                                       self.store, self.parts, self.metrics,
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead)
-            self.flusher = Flusher(self.cache, config.upload_concurrency)
+            self.flusher = Flusher(self.cache, config.upload_concurrency,
+                                   commit_delay=config.commit_delay)
             owner = (os.getuid(), os.getgid())
             self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,

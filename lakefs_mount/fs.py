@@ -165,7 +165,7 @@ class FileSystem:
             inode.set_attrs(mode, uid, gid, mtime_ns)
             await self.cache.save_attrs(cf)
         if cf.writers == 0:
-            self.flusher.request_commit(cf)
+            self.flusher.request_commit(cf, settle=True)
         return self.attr(inode)
 
     # -- directories ------------------------------------------------------------------
@@ -288,7 +288,7 @@ class FileSystem:
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
         inode.lookups += 1
-        self.flusher.request_commit(cf)
+        self.flusher.request_commit(cf, settle=True)
         return self.attr(inode)
 
     async def readlink(self, ino: int) -> str:
@@ -385,6 +385,11 @@ class FileSystem:
             for key in keys:
                 nursery.start_soon(delete, key)
 
+    async def _abandon_upload(self, cf: CachedFile) -> None:
+        """An upload open at the old key cannot move: its parts go again, to the new key."""
+        async with s3_errors(f"aborting the upload of {cf.key}"):
+            await self.flusher.abandon_upload(cf)
+
     async def _rename_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         """Journal first, then copy, then delete: a crash at any step loses nothing (D7, D8)."""
         cf = inode.file
@@ -392,6 +397,7 @@ class FileSystem:
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
             old_key, base = cf.key, cf.base_key
+            await self._abandon_upload(cf)
             await self.cache.rekey(cf, new_key, base)  # data not yet in S3: a journal update
             if base is not None:
                 try:
@@ -420,6 +426,7 @@ class FileSystem:
             async with s3_errors(f"listing {old_prefix}"):
                 objects = await self.store.list_recursive(old_prefix)
             for cf in files:  # pending data follows the new names; bases stay until copied
+                await self._abandon_upload(cf)
                 await self.cache.rekey(cf, moved(cf.key), cf.base_key)
             try:
                 async with trio.open_nursery() as nursery:
@@ -554,7 +561,7 @@ class FileSystem:
         if handle.writable:
             cf.writers -= 1
             if cf.writers == 0:
-                self.flusher.request_commit(cf)
+                self.flusher.request_commit(cf, settle=True)
         if cf.openers == 0 and cf.unlinked:
             if cf.in_journal:  # written after the unlink: nothing of it may be recovered
                 await self.cache.discard(cf)

@@ -310,13 +310,10 @@ def _write_checkpoint(directory: Path, seed: int) -> dict[str, bytes]:
     return payload
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "design gap: the flusher commits each file as soon as it is closed and a rename waits "
-    "for commits in flight, so a tmp-dir renamed right after writing is already (being) "
-    "committed at the tmp keys and every file is CopyObject'd; files whose parts streamed "
-    "while written complete their multipart upload at the tmp key and are copied too "
-    "(cache/flusher.py _commit). DESIGN.md: a rename of data not yet in S3 needs no copy"))
 def test_tmp_dir_rename_of_dirty_checkpoint_needs_no_server_side_copy(mount, s3):
+    """Hugging Face / Megatron: write tmp-checkpoint-N/, rename it, flush. Data still dirty
+    at the rename (closed within the commit delay, or parts of an open upload) goes to the
+    new keys from the cache: no server-side copy."""
     m = mount
     before = m.counters()
     payload = _write_checkpoint(m.path / "tmp-checkpoint-100", seed=100)
