@@ -9,7 +9,7 @@
 # 2. /dev/fuse (loads the fuse module if needed).
 # 3. A virtualenv, default /opt/lakefs-mount/venv (override: LAKEFS_MOUNT_VENV), made with
 #    the python3 on PATH (3.11 or newer), holding an editable install of this checkout
-#    with its test extras: `pip install -e "<repo>[test]"`.
+#    with its test extras: `pip install -e "<repo>[test,frameworks]"`.
 # 4. /usr/local/bin/lakefs-mount -> <venv>/bin/lakefs-mount.
 set -euo pipefail
 
@@ -157,12 +157,12 @@ install_project() {
         say "lakefs-mount is installed in $VENV (editable, from $REPO)"
         return
     fi
-    say "installing lakefs-mount from $REPO into $VENV (pip install -e '.[test]')"
+    say "installing lakefs-mount from $REPO into $VENV (pip install -e '.[test,frameworks]')"
     # pip -q still prints errors. The filter drops only the harmless "Location ... is
     # ignored" warnings of index mirrors that lack a package; the exit status is pip's.
-    "$VENV/bin/python" -m pip install -q -e "${REPO}[test]" </dev/null 2>&1 \
+    "$VENV/bin/python" -m pip install -q -e "${REPO}[test,frameworks]" </dev/null 2>&1 \
         | sed "/^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$/d" >&2 \
-        || die "pip install -e '${REPO}[test]' failed (see the messages above)"
+        || die "pip install -e '${REPO}[test,frameworks]' failed (see the messages above)"
     project_digest >"$VENV/.lakefs-mount-installed"
 }
 

@@ -22,7 +22,6 @@ WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "r
 
 @pytest.mark.timeout(400)
 def test_benchmark_suite_quick(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.run(
