@@ -329,8 +329,9 @@ class Suite:
                 out["ls_cold"].append(ls)
                 out["stat_cold"].append(st)
                 self.log(f"{label} small files run {r + 1}: {a.small_files / done:.0f} files/s "
-                         f"durable ({a.small_files / (t1 - t0):.0f} created/s), ls -l {ls:.2f} s"
-                         f" warm / {out['ls_cold'][-1]:.2f} s cold, stat {st:.2f} s cold")
+                         f"durable ({a.small_files / (t1 - t0):.0f} created/s), ls -l "
+                         f"{out['ls_warm'][-1]:.2f} s warm / {ls:.2f} s fresh mount, stat all "
+                         f"{out['stat_warm'][-1]:.2f} s warm / {st:.2f} s fresh mount")
             finally:
                 if target:
                     self.stop_target(target)

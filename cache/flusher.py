@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.cachefile import PENDING_STATES, CachedFile, ChunkState
+from lakefs_mount.cache.cachefile import DIRTY_STATES, PENDING_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.layout import META_SYMLINK, encode_attrs
@@ -26,7 +26,7 @@ from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 log = logging.getLogger(__name__)
 
 ERRORS_BEFORE_FLUSH_FAILS = 5
-BUFFERED_PART_MAX = 16 * 1024 * 1024  # larger parts stream from the cache file
+BUFFERED_PART_MAX = 0  # parts stream from the cache file in 1 MiB pieces (bounded RSS)
 COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
 
 
@@ -143,9 +143,9 @@ class Flusher:
                 self.request_commit(cf)
 
     def progress(self, files: list[CachedFile]) -> FlushProgress:
-        bytes_left = sum(
+        bytes_left = sum(  # not yet sent; uploaded parts only wait for their Complete
             self.parts.chunk_range(i)[1] - self.parts.chunk_range(i)[0]
-            for cf in files for i, c in cf.chunks.items() if c.state is not ChunkState.CLEAN)
+            for cf in files for i, c in cf.chunks.items() if c.state in DIRTY_STATES)
         errors = [cf.last_error for cf in files if cf.error_streak]
         return FlushProgress(len(files), bytes_left, errors[0] if errors else None)
 
