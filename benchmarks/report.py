@@ -40,6 +40,13 @@ def _fmt(v: float | None) -> str:
     return f"{v:.2e}"
 
 
+def size_name(cfg: dict[str, Any]) -> str:
+    if cfg.get("quick"):
+        return "quick"
+    full = {"writers": 8, "file_mib": 512, "small_files": 10000}
+    return "full" if all(cfg.get(k) == v for k, v in full.items()) else "reduced"
+
+
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
     m = meta["machine"]
@@ -47,7 +54,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Run {meta['date']} on `{m['hostname']}`: {m['nproc']} CPUs ({m['cpu']}), "
         f"{m['mem_gib']:.0f} GiB RAM, kernel {m['kernel']}; "
-        f"{'quick' if cfg['quick'] else 'full'} size: {cfg['writers']} writers x "
+        f"{size_name(cfg)} size: {cfg['writers']} writers x "
         f"{cfg['file_mib']} MiB, {cfg['small_files']} small files of {cfg['small_kib']} KiB, "
         f"{cfg['runs']} run(s) per point (median [min-max]). "
         f"Total wall time {meta.get('elapsed_s', 0):.0f} s.",

@@ -73,7 +73,10 @@ class Flusher:
             self._nursery = nursery
             task_status.started()
             while True:
-                with trio.move_on_at(min(self._commit_wanted.values(), default=math.inf)):
+                # Files whose commit is running wait for it to end (which wakes this loop).
+                next_due = min((due for cf, due in self._commit_wanted.items()
+                                if cf not in self._committing), default=math.inf)
+                with trio.move_on_at(next_due):
                     await self._wake.wait()
                 self._wake = trio.Event()
                 for cf, idx in list(self._part_queue):
@@ -339,6 +342,7 @@ class Flusher:
             self._background_failure(cf, "commit", exc)
         finally:
             self._committing.discard(cf)
+            self._wake.set()  # a commit requested meanwhile may start now
             self._progress_changed()
         if failed:
             await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
