@@ -58,6 +58,7 @@ class CachedFile:
     fetching: dict[int, trio.Event] = field(default_factory=dict)
     intent_pending: dict[int, trio.Event] = field(default_factory=dict)
     in_journal: bool = False
+    intent_gen: int = 0  # intents issued to the journal (see journal.files.intent_gen)
     version: int = 0  # bumped by every change of content, size or attributes
     committed_version: int = -1
     writers: int = 0  # open handles that may write

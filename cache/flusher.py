@@ -353,7 +353,7 @@ class Flusher:
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
-        version, size = cf.version, cf.size
+        version, size, seen_gen = cf.version, cf.size, cf.intent_gen
         meta = self._metadata(cf)
         nchunks = self.parts.chunk_count(size)
         started = time.monotonic()
@@ -417,10 +417,10 @@ class Flusher:
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
-        await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
-                           cf.key, size)
-        # A write that raced with finish_commit re-created the row (mark_dirty upserts it).
-        cf.in_journal = keep or cf.version != version or any(
+        kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
+                                  cf.key, size, seen_gen)
+        # An intent that raced with finish_commit kept (or re-created) the row.
+        cf.in_journal = kept or cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         cf.committed_version = version
         await self.cache.note_clean_after_commit(cf)

@@ -13,6 +13,8 @@ files      one row per file whose content or attributes are not yet committed in
   upload_id    open multipart upload; NULL = none started
   upload_key   key that upload_id was created for; differs from key after a rename
   symlink      NULL = regular file; else the link target (body of the object)
+  intent_gen   (v3) bumped by every intent (put_file, mark_dirty); a commit drops the row
+               only if no intent came after the one it started from
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
@@ -61,6 +63,7 @@ class PendingFile:
     upload_id: str | None = None
     upload_key: str | None = None
     symlink: str | None = None
+    intent_gen: int = 0  # how many intents the daemon had issued for the file
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
@@ -90,7 +93,12 @@ def _migrate_v2(db: sqlite_utils.Database) -> None:
     db["clean_chunks"].create({"fid": int, "idx": int}, pk=("fid", "idx"))
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migrate_v1, _migrate_v2]
+def _migrate_v3(db: sqlite_utils.Database) -> None:
+    db["files"].add_column("intent_gen", int, not_null_default=0)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _migrate_v1, _migrate_v2, _migrate_v3]
 
 
 @dataclass
@@ -188,6 +196,8 @@ class Journal:
                 " base_size, upload_id, upload_key, symlink) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (fid, rec.key, rec.size, rec.mode, rec.uid, rec.gid, rec.mtime_ns, rec.base_key,
                  rec.base_size, rec.upload_id, rec.upload_key, rec.symlink))
+            self._conn.execute("UPDATE files SET intent_gen=? WHERE fid=?",
+                               (rec.intent_gen, fid))
             self._conn.executemany(
                 "INSERT OR REPLACE INTO chunks(fid, idx, state, etag) VALUES (?, ?, ?, NULL)",
                 [(fid, i, CHUNK_DIRTY) for i in indices],
@@ -217,23 +227,31 @@ class Journal:
         self._conn.execute("DELETE FROM chunks WHERE fid=? AND idx>=?", (fid, first_idx))
 
     def finish_commit(self, fid: int, committed_idx: list[int], keep_file: bool,
-                      base_key: str, base_size: int) -> None:
-        """After CompleteMultipartUpload/PutObject: drop what the new object holds."""
+                      base_key: str, base_size: int, seen_gen: int) -> bool:
+        """After CompleteMultipartUpload/PutObject: drop what the new object holds.
+
+        The file row goes only if no intent newer than `seen_gen` (the commit's start)
+        reached the journal; returns whether the row is kept.
+        """
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
                 "DELETE FROM chunks WHERE fid=? AND idx=? AND state=?",
                 [(fid, i, CHUNK_UPLOADED) for i in committed_idx],
             )
-            if keep_file:
-                self._conn.execute(
-                    "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL"
-                    " WHERE fid=?", (base_key, base_size, fid))
-                self._conn.execute(
-                    "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
-            else:
-                self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
-                self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
+            if not keep_file:
+                row = self._conn.execute(
+                    "SELECT intent_gen FROM files WHERE fid=?", (fid,)).fetchone()
+                if row is None or row[0] <= seen_gen:
+                    self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
+                    self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
+                    return False
+            self._conn.execute(
+                "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL"
+                " WHERE fid=?", (base_key, base_size, fid))
+            self._conn.execute(
+                "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+            return True
 
     # -- multipart uploads ------------------------------------------------------------
 

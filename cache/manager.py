@@ -130,8 +130,10 @@ class CacheManager:
         await self.journal(self.journal.sync.put_file, self.pending_record(cf))
 
     def pending_record(self, cf: CachedFile) -> PendingFile:
+        """The journal row of `cf`, as a new intent (its generation bumped)."""
         assert cf.fid is not None
-        return PendingFile(
+        cf.intent_gen += 1
+        return PendingFile(intent_gen=cf.intent_gen,
             fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
             mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
             upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink)

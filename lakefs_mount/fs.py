@@ -155,15 +155,13 @@ class FileSystem:
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
             raise FSError(errno.EINVAL)
-        # A commit finishing meanwhile would drop the journal row this change writes to.
-        async with cf.commit_lock:
-            if size is not None:
-                async with s3_errors(f"truncating {cf.key}"):
-                    await self.cache.truncate(cf, size)
-                if mtime_ns is None:
-                    mtime_ns = time.time_ns()
-            inode.set_attrs(mode, uid, gid, mtime_ns)
-            await self.cache.save_attrs(cf)
+        if size is not None:
+            async with s3_errors(f"truncating {cf.key}"):
+                await self.cache.truncate(cf, size)
+            if mtime_ns is None:
+                mtime_ns = time.time_ns()
+        inode.set_attrs(mode, uid, gid, mtime_ns)
+        await self.cache.save_attrs(cf)
         if cf.writers == 0:
             self.flusher.request_commit(cf, settle=True)
         return self.attr(inode)
@@ -485,9 +483,8 @@ class FileSystem:
         fh = self._new_fh()
         self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
         if writable and flags & os.O_TRUNC and cf.size:
-            async with cf.commit_lock:  # as in setattr: no commit may drop the journal row
-                await self.cache.truncate(cf, 0)
-                cf.mtime_ns = time.time_ns()
+            await self.cache.truncate(cf, 0)
+            cf.mtime_ns = time.time_ns()
         return fh
 
     async def _revalidate(self, inode: Inode) -> None:

@@ -36,7 +36,8 @@ def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
     assert j.chunks(rec.fid) == {0: (CHUNK_UPLOADED, "e0"), 1: (CHUNK_DIRTY, None)}
     j.mark_uploaded(rec.fid, 1, "e1")
     j.end_upload("U1")
-    j.finish_commit(rec.fid, [0, 1], keep_file=False, base_key="a", base_size=5)
+    assert not j.finish_commit(rec.fid, [0, 1], keep_file=False, base_key="a", base_size=5,
+                               seen_gen=0)
     assert j.pending_files() == [] and j.chunks(rec.fid) == {}
     assert j.orphan_uploads() == []
 
@@ -46,7 +47,8 @@ def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
     rec = _file(j)
     j.mark_dirty(rec, [0, 1])
     j.mark_uploaded(rec.fid, 0, "e0")
-    j.finish_commit(rec.fid, [0], keep_file=True, base_key="a", base_size=10)
+    assert j.finish_commit(rec.fid, [0], keep_file=True, base_key="a", base_size=10,
+                           seen_gen=0)
     (left,) = j.pending_files()
     assert left.base_key == "a" and left.base_size == 10 and left.upload_id is None
     assert j.chunks(rec.fid) == {1: (CHUNK_DIRTY, None)}
@@ -80,7 +82,7 @@ def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
     j.close()
     again = Journal(tmp_path / "j.db")
     assert len(again.pending_files()) == 1
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_path):
@@ -99,3 +101,16 @@ def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_pat
     assert j.known_fids() == {7, pending.fid}
     j.forget_cached(7)
     assert j.warm_files() == {}
+
+
+def test_a_commit_never_drops_an_intent_that_came_after_it_started(tmp_path):
+    """The race of a truncate with a finishing commit: the newer intent survives."""
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    commit_saw = rec.intent_gen
+    newer = PendingFile(**{**vars(rec), "intent_gen": rec.intent_gen + 1})
+    j.mark_dirty(newer, [4])
+    assert j.finish_commit(rec.fid, [], keep_file=False, base_key="a", base_size=1,
+                           seen_gen=commit_saw)
+    assert j.chunks(rec.fid) == {4: (CHUNK_DIRTY, None)}
+    assert j.pending_files()[0].base_key == "a"
