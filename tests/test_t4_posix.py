@@ -27,13 +27,15 @@ AT_FDCWD = -100
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-@pytest.fixture(scope="module")
-def shared(s3_server, tmp_path_factory) -> Iterator[tuple[Mount, S3ObjectStore]]:
-    """One mount for the whole module (a mount start costs seconds); tests use own dirs."""
+@pytest.fixture(scope="module", params=["uring", "threads"])
+def shared(s3_server, tmp_path_factory, request) -> Iterator[tuple[Mount, S3ObjectStore]]:
+    """One mount per I/O engine for the whole module (a mount start costs seconds); tests
+    use their own directories. Every test below runs once with each engine."""
     name = f"t4-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(name)
     m = Mount(tmp_path_factory.mktemp("t4shared"), name, s3_server.endpoint_url,
-              options=("--metadata-ttl", "0.5", "--part-size", "8M"))
+              options=("--metadata-ttl", "0.5", "--part-size", "8M",
+                       "--io-engine", request.param))
     try:
         m.start()
         yield m, S3ObjectStore(name, endpoint_url=s3_server.endpoint_url, region="us-east-1")
