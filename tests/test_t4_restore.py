@@ -96,3 +96,19 @@ def test_an_object_overwritten_with_boto3_reads_new_content_after_the_ttl(mount_
     time.sleep(1.5)
     os.listdir(m.path)  # a listing after the TTL sees the new ETag
     assert (m.path / "o.txt").read_bytes() == b"version two, longer"
+
+
+def test_tiny_max_dirty_with_a_slow_backend_still_lands_every_byte(mount_factory, s3,
+                                                                   fault_proxy):
+    """Writers wait for the flusher instead of failing; nothing is dropped."""
+    fault_proxy.delay_seconds = 0.05
+    m = mount_factory("--part-size", "8M", "--max-dirty", "16M", "--cache-size", "64M",
+                      endpoint_url=fault_proxy.endpoint_url)
+    files = {f"bp{i}.bin": random.randbytes(12 * MiB + i) for i in range(3)}
+    for name, data in files.items():
+        (m.path / name).write_bytes(data)
+    assert m.flush().returncode == 0
+    for name, data in files.items():
+        assert hashlib.sha256(s3.get_range(name, 0, len(data) + 1)).digest() == \
+            hashlib.sha256(data).digest()
+    assert m.counters().get("writer_waits", 0) > 0
