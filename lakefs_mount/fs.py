@@ -207,14 +207,19 @@ class FileSystem:
             raise FSError(errno.ENOENT)
         if not inode.is_dir:
             raise FSError(errno.ENOTDIR)
-        async with s3_errors(f"listing {self.ns.key_of(inode)}"):
+        await self._remove_empty_dir(inode)
+        parent.dir_mtime_ns = time.time_ns()
+
+    async def _remove_empty_dir(self, inode: Inode) -> None:
+        """ENOTEMPTY unless S3 and the cache hold nothing below it; then its marker goes."""
+        key = self.ns.key_of(inode)
+        async with s3_errors(f"listing {key}"):
             await self.ns.ensure_listed(inode, force=True)
         if inode.children:
             raise FSError(errno.ENOTEMPTY)
-        async with s3_errors(f"DELETE {self.ns.key_of(inode)}"):
-            await self.store.delete(self.ns.key_of(inode))
+        async with s3_errors(f"DELETE {key}"):
+            await self.store.delete(key)
         self.ns.detach(inode)
-        parent.dir_mtime_ns = time.time_ns()
 
     async def opendir(self, ino: int) -> int:
         inode = self._inode(ino)
@@ -342,21 +347,16 @@ class FileSystem:
         if target.is_dir:
             if not inode.is_dir:
                 raise FSError(errno.EISDIR)
-            async with s3_errors(f"listing {self.ns.key_of(target)}"):
-                await self.ns.ensure_listed(target, force=True)
-            if target.children:
-                raise FSError(errno.ENOTEMPTY)
-            async with s3_errors(f"DELETE {self.ns.key_of(target)}"):
-                await self.store.delete(self.ns.key_of(target))
-        else:
-            if inode.is_dir:
-                raise FSError(errno.ENOTDIR)
-            cf = target.file
-            assert cf is not None
-            async with cf.commit_lock:
-                await self.cache.discard(cf)
-            if cf.openers == 0:
-                self.cache.close_file(cf)
+            await self._remove_empty_dir(target)
+            return
+        if inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        cf = target.file
+        assert cf is not None
+        async with cf.commit_lock:
+            await self.cache.discard(cf)
+        if cf.openers == 0:
+            self.cache.close_file(cf)
         self.ns.detach(target)
 
     async def _copy_object(self, src: str, dst: str) -> None:
