@@ -55,7 +55,7 @@ class CacheManager:
         self.files: dict[int, CachedFile] = {}  # by fid: every file with a cache file
         self.budget = CacheBudget(cache_size)
         self.read_ahead = read_ahead
-        self._fetch_slots = trio.Semaphore(read_ahead + 2)  # chunk buffers held by GETs
+        self._fetch_slots = trio.Semaphore(2 * read_ahead + 8)  # GETs in flight (1 MiB each)
         self._nursery: trio.Nursery | None = None
         self._evicting = False
         self.warm = WarmCache(journal, self.budget, parts, self.cache_path)
@@ -357,11 +357,11 @@ class CacheManager:
         cf.fetching[idx] = done
         try:
             assert cf.base_key is not None
-            async with self._fetch_slots:
-                data = await self.store.get_range(cf.base_key, start, end)
-                async with self._io(cf) as fd:
-                    await self.engine.write(fd, data, start)
-                del data
+            async with self._fetch_slots, self._io(cf) as fd:
+                def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
+                    trio.from_thread.run(self.engine.write, fd, piece, offset)
+
+                await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:
                 await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key,
                                    cf.base_etag, cf.base_size, [idx])

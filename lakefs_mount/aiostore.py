@@ -105,6 +105,15 @@ class AsyncStore:
         self.metrics[m.BYTES_DOWNLOADED] += len(data)
         return data
 
+    async def get_range_into(self, key: str, start: int, end: int,
+                             write: Callable[[int, bytes], None]) -> int:
+        """A ranged GET streamed to `write` in a worker thread (retried as a whole)."""
+        self.metrics[m.GETS] += 1
+        n = await self.retrying(f"GET {key}", self.sync.get_range_into, key, start, end, write,
+                                max_attempts=4)
+        self.metrics[m.BYTES_DOWNLOADED] += n
+        return n
+
     async def delete(self, key: str) -> None:
         self.metrics[m.DELETES] += 1
         await self.call(self.sync.delete, key)

@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -28,6 +28,7 @@ from lakefs_mount.objectstore import (
 
 __all__ = ["MemoryObjectStore", "MIN_PART_SIZE", "MAX_PART_NUMBER"]
 
+PIECE = 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # every part but the last must be at least this big
 MAX_PART_NUMBER = 10_000
 
@@ -106,6 +107,13 @@ class MemoryObjectStore:
             if start < 0 or end <= start:
                 return b""
             return obj.body[start:end]
+
+    def get_range_into(self, key: str, start: int, end: int,
+                       write: Callable[[int, bytes], None]) -> int:
+        data = self.get_range(key, start, end)
+        for off in range(0, len(data), PIECE):
+            write(start + off, data[off:off + PIECE])
+        return len(data)
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
         self._count("put")

@@ -8,7 +8,7 @@ Keys are full keys inside the bucket (the mount prefix already applied).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
@@ -73,6 +73,12 @@ class ObjectStore(Protocol):
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of `key` (fewer if the object is shorter)."""
+        ...
+
+    def get_range_into(self, key: str, start: int, end: int,
+                       write: Callable[[int, bytes], None]) -> int:
+        """Bytes [start, end) of `key`, handed to write(offset, piece) in pieces of about
+        1 MiB as they arrive (memory stays bounded); returns how many bytes there were."""
         ...
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:

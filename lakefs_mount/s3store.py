@@ -7,7 +7,7 @@ base can report S3 problems without knowing anything about botocore.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, NoReturn
 
@@ -46,6 +46,8 @@ _CONNECT_FAILURES: dict[type, str] = {
     bce.ConnectionClosedError: "the connection was closed",
 }
 
+
+STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
 
 def _strip_etag(etag: str | None) -> str:
     """S3 quotes ETags (SeaweedFS sometimes does not); the interface never does."""
@@ -236,6 +238,28 @@ class S3ObjectStore:
                     or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416):
                 return b""  # start is at or past the end of the object
             raise
+
+    def get_range_into(self, key: str, start: int, end: int,
+                       write: Callable[[int, bytes], None]) -> int:
+        if start < 0 or end <= start:
+            return 0
+        done = 0
+        try:
+            with self._errors("GetObject", key):
+                resp = self._client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+                with resp["Body"] as body:
+                    while piece := body.read(STREAM_PIECE):
+                        write(start + done, piece)
+                        done += len(piece)
+        except ObjectStoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, bce.ClientError) and (
+                    cause.response.get("Error", {}).get("Code") == "InvalidRange"
+                    or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416):
+                return 0  # start is at or past the end of the object
+            raise
+        return done
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
         data = body if isinstance(body, bytes) else bytes(body)

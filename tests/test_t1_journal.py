@@ -24,7 +24,7 @@ def test_fids_are_never_reused_across_reopen(tmp_path):
     j = Journal(tmp_path / "j.db")
     first = j.allocate_fid()
     j.close()
-    assert Journal(tmp_path / "j.db").allocate_fid() == first + 1
+    assert Journal(tmp_path / "j.db").allocate_fid() > first
 
 
 def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):

@@ -348,3 +348,19 @@ def test_fault_proxy_bandwidth(fault_proxy: FaultProxy, bucket: str) -> None:
     started = time.monotonic()
     assert via.get_range("k", 0, len(body)) == body
     assert time.monotonic() - started >= 0.4
+
+
+def test_get_range_into_streams_pieces_at_their_offsets(store: ObjectStore) -> None:
+    body = os.urandom(3 * 1024 * 1024 + 17)
+    store.put("stream/obj", body, {})
+    got = bytearray(len(body))
+    pieces: list[int] = []
+
+    def write(offset: int, piece: bytes) -> None:
+        got[offset:offset + len(piece)] = piece
+        pieces.append(len(piece))
+
+    n = store.get_range_into("stream/obj", 1000, len(body), write)
+    assert n == len(body) - 1000 and bytes(got[1000:]) == body[1000:]
+    assert max(pieces) <= 1024 * 1024 and len(pieces) >= 3
+    assert store.get_range_into("stream/obj", len(body) + 5, len(body) + 10, write) == 0
