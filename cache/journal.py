@@ -47,7 +47,6 @@ T = TypeVar("T")
 CHUNK_DIRTY = "dirty"
 CHUNK_UPLOADED = "uploaded"
 INTENT = "intent:"  # upload_id prefix of an upload about to be created
-FID_BLOCK = 1024
 
 
 @dataclass
@@ -121,7 +120,6 @@ class Journal:
         os.close(fd)
         os.chmod(path, 0o600)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._fid_next = self._fid_limit = 0
         self.db = sqlite_utils.Database(self._conn)
         self.db.enable_wal()
         self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
@@ -153,18 +151,16 @@ class Journal:
     def set_meta(self, name: str, value: str) -> None:
         self._conn.execute("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)", (name, value))
 
+    def reserve_fids(self, count: int) -> range:
+        """`count` fids never used before (a crash only skips the unused rest)."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            first = int(self.get_meta("next_fid") or "1")
+            self.set_meta("next_fid", str(first + count))
+        return range(first, first + count)
+
     def allocate_fid(self) -> int:
-        """A fid never used before; fids are reserved in blocks (one transaction per block,
-        not per file); a crash only skips the rest of a block."""
-        if self._fid_next >= self._fid_limit:
-            with self._conn:
-                self._conn.execute("BEGIN IMMEDIATE")
-                self._fid_next = int(self.get_meta("next_fid") or "1")
-                self._fid_limit = self._fid_next + FID_BLOCK
-                self.set_meta("next_fid", str(self._fid_limit))
-        fid = self._fid_next
-        self._fid_next += 1
-        return fid
+        return self.reserve_fids(1)[0]
 
     # -- files ------------------------------------------------------------------------
 

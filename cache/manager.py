@@ -35,6 +35,7 @@ from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 log = logging.getLogger(__name__)
 
 ENOSPC_PATIENCE = 60.0  # seconds a writer waits for uploads to free a full cache disk
+FID_BLOCK = 1024
 JOURNAL_RESERVE = 32 * 1024 * 1024  # free space kept for the journal (10 % on tiny disks)
 
 
@@ -58,6 +59,7 @@ class CacheManager:
         self._fetch_slots = trio.Semaphore(2 * read_ahead + 8)  # GETs in flight (1 MiB each)
         self._nursery: trio.Nursery | None = None
         self._evicting = False
+        self._free_fids: Iterator[int] | None = None
         self.warm = WarmCache(journal, self.budget, parts, self.cache_path)
         # Set by the flusher: called when a full chunk can go up while writing continues.
         self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
@@ -111,7 +113,12 @@ class CacheManager:
 
     async def _ensure_fd(self, cf: CachedFile) -> int:
         if cf.fid is None:
-            fid = await self.journal(self.journal.sync.allocate_fid)
+            fid = next(self._free_fids, None) if self._free_fids is not None else None
+            if fid is None:  # fids come in blocks: no journal round trip per new file
+                self._free_fids = None
+                block = await self.journal(self.journal.sync.reserve_fids, FID_BLOCK)
+                self._free_fids = iter(block)
+                fid = next(self._free_fids)
             if cf.fid is None:  # a concurrent task may have allocated one meanwhile
                 cf.fid = fid
         if cf.fd is None:
