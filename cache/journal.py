@@ -168,9 +168,6 @@ class Journal:
         """Record (or replace) a file that must be committed."""
         self.db["files"].upsert(vars(rec), pk="fid")
 
-    def update_file(self, fid: int, fields: dict[str, object]) -> None:
-        self.db["files"].update(fid, fields)
-
     def drop_file(self, fid: int) -> None:
         """The file is committed (or gone): nothing of it is pending any more."""
         with self._conn:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
+from lakefs_mount.cache.flusher import FlushFailed  # a handler's flush raises it
 from lakefs_mount.config import control_socket_path
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,6 @@ class ControlTimeout(ControlError):
     def __init__(self, message: str, last_progress: dict | None = None) -> None:
         super().__init__(message)
         self.last_progress = last_progress
-
-
-class FlushFailed(Exception):
-    """Raised by a handler's flush when the data could not be committed to S3."""
 
 
 class ControlHandler(Protocol):
