@@ -62,6 +62,13 @@ def daemons_for(path: Path) -> list[int]:
     return pids
 
 
+def kill_weeds(state_dir: Path) -> None:
+    """Whatever a test did: no weed of this state dir outlives it."""
+    for pid in weeds_for(state_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def weeds_for(state_dir: Path) -> list[int]:
     """Live weed processes serving data under `state_dir`."""
     return [pid for pid, argv in _cmdlines()
@@ -359,9 +366,7 @@ def test_embedded_mount_survives_daemon_kill9(tmp_path: Path,
             time.sleep(0.2)
         assert weeds_for(state) == []
     finally:
-        for pid in weeds_for(state):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_weeds(state)
 
 
 def test_embedded_leftover_weed_is_replaced(tmp_path: Path) -> None:
@@ -380,9 +385,7 @@ def test_embedded_leftover_weed_is_replaced(tmp_path: Path) -> None:
         finally:
             new.stop(timeout=2)
     finally:
-        for pid in weeds_for(state):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_weeds(state)
 
 
 def test_embedded_dir_in_use(tmp_path: Path) -> None:
