@@ -34,6 +34,11 @@ class FlushFailed(Exception):
     pass
 
 
+class CommitSuperseded(Exception):
+    """The file changed while its commit ran, and the commit would need bytes of the
+    version it started with: it gives way, and the next commit takes the new content."""
+
+
 @dataclass
 class FlushProgress:
     files_left: int
@@ -293,9 +298,9 @@ class Flusher:
 
         return str(await self._s3(cf, what, send))
 
-    async def _part_for_commit(self, cf: CachedFile, idx: int, size: int,
+    async def _part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
                                key: str, upload_id: str) -> tuple[int, str]:
-        """The ETag of part idx+1 holding bytes of chunk idx up to `size`."""
+        """The ETag of part idx+1 holding bytes of chunk idx up to `size` (of `version`)."""
         start, end = self.parts.chunk_range(idx)
         end = min(end, size)
         while True:
@@ -315,6 +320,8 @@ class Flusher:
                                           idx + 1, cf.base_key, start, end)
                 self.metrics[m.PARTS_COPIED] += 1
                 return idx + 1, str(etag)
+            if cf.version != version or cf.unlinked:
+                raise CommitSuperseded  # what this part should hold is no longer cached
             if ch is None or ch.state is ChunkState.CLEAN or (
                     ch.state is ChunkState.UPLOADED and ch.length != end - start):
                 # A hole or a part of another length: its cached bytes go up as they are.
@@ -333,6 +340,8 @@ class Flusher:
                         break
                     except NoSuchUpload:
                         await self._forget_upload(cf)
+                    except CommitSuperseded:
+                        break  # re-requested below once the file is closed again
                     except NoSuchKey:
                         if not await self._base_vanished(cf):
                             raise
@@ -392,12 +401,16 @@ class Flusher:
             results: dict[int, str] = {}
 
             async def one(idx: int) -> None:
-                number, etag = await self._part_for_commit(cf, idx, size, key, upload_id)
+                number, etag = await self._part_for_commit(cf, idx, size, version, key,
+                                                           upload_id)
                 results[number] = etag
 
-            async with trio.open_nursery() as nursery:
-                for idx in range(nchunks):
-                    nursery.start_soon(one, idx)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for idx in range(nchunks):
+                        nursery.start_soon(one, idx)
+            except ExceptionGroup as group:  # NoSuchUpload, CommitSuperseded: see the caller
+                raise group.exceptions[0] from group
             parts = sorted(results.items())
             etag = await self._s3(cf, f"CompleteMultipartUpload {key}",
                                   self.store.sync.complete_multipart, key, upload_id, parts)

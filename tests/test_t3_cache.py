@@ -296,3 +296,27 @@ def test_parts_above_the_buffer_limit_stream_from_the_cache_file(tmp_path, reque
             await c.close_and_flush(cf)
     trio.run(body)
     assert store.get_range("streamed", 0, len(data) + 1) == data
+
+
+@pytest.mark.timeout(60)
+def test_rewriting_a_file_while_its_commit_runs_commits_the_new_content(tmp_path):
+    """O_TRUNC + new writes during a multipart commit: the old commit gives way (it must
+    neither spin nor mix versions), and the next commit lands exactly the new bytes."""
+    async def body() -> None:
+        async with core(tmp_path, SlowStore()) as c:
+            cf = await c.write_file("re", random.randbytes(3 * PART + MiB))
+            cf.writers -= 1
+            c.flusher.request_commit(cf)
+            with trio.fail_after(10):
+                while cf not in c.flusher._committing:
+                    await trio.sleep(0.01)
+            cf.writers += 1
+            await c.cache.truncate(cf, 0)
+            new = random.randbytes(PART + MiB)
+            for off in range(0, len(new), MiB):
+                await c.cache.write(cf, off, new[off:off + MiB])
+            with trio.fail_after(30):
+                await c.close_and_flush(cf)
+            assert c.store.objects["re"].body == new
+            assert cf.error_count == 0  # giving way is not an error
+    run(body)
