@@ -128,7 +128,7 @@ def test_wrong_credentials_then_right_ones(s3_auth_server: EmbeddedS3, tmp_path:
     mnt = tmp_path / "mnt"
     cleanup_paths.append(mnt)
     args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
-                      s3_auth_server.endpoint_url, "--log-level", "DEBUG")
+                      s3_auth_server.endpoint_url, "--log-level", "DEBUG", "--part-size", "8M")
     wrong = {"AWS_ACCESS_KEY_ID": "wrongaccesskey", "AWS_SECRET_ACCESS_KEY": WRONG_SECRET}
     proc, took = run_cli(*args, env=wrong)
     assert_clean_failure(proc, mnt, "access denied")
@@ -142,10 +142,13 @@ def test_wrong_credentials_then_right_ones(s3_auth_server: EmbeddedS3, tmp_path:
     proc, _ = run_cli(*args, env=right)
     assert proc.returncode == 0, proc.stderr
     (mnt / "ok.txt").write_bytes(b"authorized")
+    big = os.urandom(17 * 1024 * 1024 + 3)  # multipart: signed headers, unsigned bodies
+    (mnt / "big.bin").write_bytes(big)
     proc, _ = run_cli("unmount", str(mnt))
     assert proc.returncode == 0, proc.stderr
     assert not is_mounted(mnt)
     assert s3_auth_server.store(bucket).get_range("ok.txt", 0, 100) == b"authorized"
+    assert s3_auth_server.store(bucket).get_range("big.bin", 0, len(big) + 1) == big
     assert s3_auth_server.secret_key not in (tmp_path / "daemon.log").read_text()
 
 
