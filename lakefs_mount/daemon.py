@@ -30,6 +30,7 @@ from lakefs_mount.control import serve_control
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fuse_ops import FuseOperations
 from lakefs_mount.layout import PartMap
+from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
 from lakefs_mount.uring import open_engine
@@ -40,6 +41,7 @@ EMBEDDED_BUCKET = "lakefs-mount"
 JOURNAL_NAME = "journal.db"
 STARTUP_CONNECT_TIMEOUT = 3.0  # seconds per connection attempt of the start-up bucket check
 STARTUP_READ_TIMEOUT = 15.0
+KERNEL_READ_AHEAD_KIB = 1024  # = the largest FUSE request (see set_kernel_readahead)
 EMBEDDED_STOP_GRACE = 5.0  # seconds weed gets to exit on SIGTERM before SIGKILL
 
 
@@ -137,6 +139,7 @@ class Daemon:
                 try:
                     await nursery.start(serve_control, socket_path, self)
                     nursery.start_soon(self._signals)
+                    nursery.start_soon(self._tune_kernel)
                     log.info("mounted s3://%s/%s at %s (io engine: %s)", config.bucket,
                              config.prefix, config.mountpoint, engine.name)
                     report_ready(None)
@@ -155,6 +158,19 @@ class Daemon:
         if self.config.read_only:
             options.add("ro")
         pyfuse3.init(FuseOperations(self.fs), str(self.config.mountpoint), options)
+
+    async def _tune_kernel(self) -> None:
+        """Raise the kernel read-ahead once the kernel has our INIT reply (which would
+        reset it): a stat() of the mount root from a thread returns only after that."""
+        def tune() -> None:
+            try:
+                os.stat(self.config.mountpoint)
+            except OSError as exc:
+                log.info("kernel read-ahead not tuned: %s", exc)
+                return
+            set_kernel_readahead(self.config.mountpoint, KERNEL_READ_AHEAD_KIB)
+
+        await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 
     async def _final_flush(self) -> None:
         """After the kernel let go: commit what is left unless told not to wait."""

@@ -18,6 +18,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MOUNTINFO = Path("/proc/self/mountinfo")
+SYSFS_BDI = Path("/sys/class/bdi")
 _STALE_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
@@ -30,6 +31,7 @@ class MountEntry:
     mountpoint: str
     fstype: str
     source: str
+    device: str = ""  # "major:minor", also the name of its backing device in sysfs
 
 
 def _unescape(field: str) -> str:
@@ -47,7 +49,8 @@ def read_mountinfo(path: Path = MOUNTINFO) -> list[MountEntry]:
         fields, tail = left.split(), right.split()
         if len(fields) < 5 or len(tail) < 2:
             continue
-        entries.append(MountEntry(_unescape(fields[4]), _unescape(tail[0]), _unescape(tail[1])))
+        entries.append(MountEntry(_unescape(fields[4]), _unescape(tail[0]), _unescape(tail[1]),
+                                  fields[2]))
     return entries
 
 
@@ -71,6 +74,26 @@ def find_mount(path: Path) -> MountEntry | None:
         if entry.mountpoint == target:
             found = entry
     return found
+
+
+def set_kernel_readahead(path: Path, kib: int) -> bool:
+    """Let the kernel read ahead `kib` KiB on the FUSE mount at `path`.
+
+    A FUSE mount starts with the kernel's default of 128 KiB, so a sequential reader
+    sends 128 KiB READ requests and the daemon's per-request cost dominates; 1 MiB (the
+    largest FUSE request) doubled warm restore throughput here. Found via mountinfo, not
+    stat(): the daemon must not call into its own mount before it serves requests.
+    Needs root (sysfs); without it the kernel default stays.
+    """
+    entry = find_mount(path)
+    if entry is None or not entry.device:
+        return False
+    try:
+        (SYSFS_BDI / entry.device / "read_ahead_kb").write_text(f"{kib}\n")
+    except OSError as exc:
+        log.info("kernel read-ahead of %s left at its default: %s", path, exc)
+        return False
+    return True
 
 
 def is_mounted(path: Path) -> bool:

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from lakefs_mount.mountpoint import SYSFS_BDI, find_mount
+
 MiB = 1024 * 1024
 PART = 8 * MiB
 
@@ -22,6 +24,14 @@ def test_objects_made_with_boto3_read_byte_identical(mount_factory, s3, size):
     m = mount_factory("--part-size", "8M")
     assert (m.path / f"obj-{size}").read_bytes() == data
     assert os.stat(m.path / f"obj-{size}").st_size == size
+
+
+def test_the_kernel_reads_ahead_in_whole_1_mib_requests(mount):
+    """128 KiB, the kernel's default for a FUSE mount, would make a sequential reader
+    cost eight daemon round trips per MiB."""
+    entry = find_mount(mount.path)
+    assert entry is not None and entry.fstype == "fuse.lakefs"
+    assert (SYSFS_BDI / entry.device / "read_ahead_kb").read_text().strip() == "1024"
 
 
 def test_partial_unaligned_and_concurrent_reads(mount_factory, s3):
