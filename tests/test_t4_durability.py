@@ -86,3 +86,25 @@ def test_parallel_writers_land_byte_identical_in_s3(mount, s3):
         for off in range(0, size, 64 * MiB):
             got.update(s3.get_range(f"rank{i}.bin", off, off + 64 * MiB))
         assert got.hexdigest() == want
+
+
+def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_factory, s3,
+                                                                        fault_proxy):
+    """O_TRUNC and new writes while the multipart commit of the old content is under way:
+    the mount stays responsive and S3 ends with exactly the new content (this once hung
+    the daemon's event loop)."""
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0",
+                      endpoint_url=fault_proxy.endpoint_url)
+    path = m.path / "rewritten.bin"
+    path.write_bytes(random.randbytes(27 * MiB))
+    fault_proxy.bandwidth_bytes_per_s = 4 * MiB  # keep the first commit in flight
+    deadline = time.monotonic() + 30
+    while m.status()["files_committing"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert m.status()["files_committing"] == 1
+    new = random.randbytes(10 * MiB + 7)
+    path.write_bytes(new)
+    fault_proxy.bandwidth_bytes_per_s = None
+    assert m.flush(timeout=120).returncode == 0
+    assert s3.get_range("rewritten.bin", 0, 64 * MiB) == new
+    assert path.read_bytes() == new
