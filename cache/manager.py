@@ -30,7 +30,7 @@ from lakefs_mount.cache.cachefile import (
 from lakefs_mount.cache.journal import AsyncJournal, PendingFile
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
-from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
+from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine, write_on_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class CacheManager:
             assert cf.base_key is not None
             async with self._fetch_slots, self._io(cf) as fd:
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
-                    trio.from_thread.run(self.engine.write, fd, piece, offset)
+                    write_on_this_thread(fd, piece, offset)
 
                 await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:

@@ -10,7 +10,7 @@ from lakefs_mount.uring.choose import (
 )
 from lakefs_mount.uring.engine import IoEngine
 from lakefs_mount.uring.ring import UringEngine
-from lakefs_mount.uring.threads import ThreadEngine
+from lakefs_mount.uring.threads import ThreadEngine, write_on_this_thread
 
 __all__ = [
     "FALLOC_FL_KEEP_SIZE",
@@ -22,4 +22,5 @@ __all__ = [
     "UringEngine",
     "open_engine",
     "probe_uring",
+    "write_on_this_thread",
 ]

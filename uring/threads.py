@@ -18,7 +18,10 @@ _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int6
 _fallocate.restype = ctypes.c_int
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+def write_on_this_thread(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+    """A blocking pwrite of all of `data`, for code already on a worker thread (a ranged
+    GET streaming into the cache file): handing each piece back to the trio loop would
+    cost the loop a task, a submission and a completion per MiB for nothing."""
     view = memoryview(data)
     if not view.c_contiguous:
         view = memoryview(view.tobytes())
@@ -64,7 +67,8 @@ class ThreadEngine:
 
     async def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write all of data at offset; the worker keeps `data` alive until done."""
-        return await trio.to_thread.run_sync(_pwrite_all, fd, data, offset, limiter=self._limiter)
+        return await trio.to_thread.run_sync(write_on_this_thread, fd, data, offset,
+                                             limiter=self._limiter)
 
     async def read(self, fd: int, size: int, offset: int) -> bytes:
         """Read up to size bytes at offset; short only at end of file."""
