@@ -43,8 +43,8 @@ def _fmt(v: float | None) -> str:
 def size_name(cfg: dict[str, Any]) -> str:
     if cfg.get("quick"):
         return "quick"
-    full = {"writers": 8, "file_mib": 512, "small_files": 10000}
-    return "full" if all(cfg.get(k) == v for k, v in full.items()) else "reduced"
+    full = {"writers": 8, "file_mib": 512, "small_files": 10000, "read_files": 20000}
+    return "full" if all(cfg.get(k, v) == v for k, v in full.items()) else "reduced"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -56,6 +56,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"{m['mem_gib']:.0f} GiB RAM, kernel {m['kernel']}; "
         f"{size_name(cfg)} size: {cfg['writers']} writers x "
         f"{cfg['file_mib']} MiB, {cfg['small_files']} small files of {cfg['small_kib']} KiB, "
+        + (f"{cfg['read_files']} small-file reads of {cfg.get('read_kib', 100)} KiB, "
+           if cfg.get("read_files") else "") +
         f"{cfg['runs']} run(s) per point (median [min-max]). "
         f"Total wall time {meta.get('elapsed_s', 0):.0f} s.",
         "",

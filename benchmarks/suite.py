@@ -41,13 +41,17 @@ from benchmarks.targets import (
     proc_peak_rss,
     tool_version,
 )
-from benchmarks.workers import MiB, run_parallel, span
+from benchmarks.workers import MiB, run_parallel, small_object, span
 
 GiB = 1 << 30
 HERE = Path(__file__).resolve().parent
 ENGINES = ("uring", "threads")
 RAW_PART = 16 * MiB  # boto3 baselines: part / range size
 RAW_CONCURRENCY = 16  # boto3 baselines: requests in flight in total
+READERS = 8  # small-file reads: reader processes on a mount, GetObject threads of the baseline
+READ_DIRS = 10  # small-file reads: the objects are spread over >= 10 sub-directories ...
+READ_DIR_MAX = 2000  # ... of at most 2,000 files each
+READ_PREFIX = "train/"
 
 
 class DataError(RuntimeError):
@@ -74,6 +78,7 @@ class Suite:
         self.peer_bins: dict[str, str] = {}
         self._bucket_no = 0
         self.small_errors: dict[str, str] = {}
+        self.read_errors: dict[str, str] = {}
         self.anomalies: list[str] = []
 
     # ------------------------------------------------------------------ plumbing
@@ -407,6 +412,149 @@ class Suite:
                 self.delete_bucket(bucket)
         return out
 
+    def read_names(self) -> list[str]:
+        """Keys (= paths below the mount point) of the small-file read set: READ_PREFIX,
+        then >= READ_DIRS sub-directories of at most READ_DIR_MAX files, filled in order."""
+        k = self.args.read_files
+        dirs = max(READ_DIRS, -(-k // READ_DIR_MAX))
+        per_dir = -(-k // dirs)
+        return [f"{READ_PREFIX}d{i // per_dir:02d}/f{i:06d}.bin" for i in range(k)]
+
+    def upload_read_set(self, bucket: str, names: list[str], pool: bytes) -> list[int]:
+        """PutObject of every object of the read set with RAW_CONCURRENCY threads (not
+        timed); the CRC-32 of each body uploaded, in the order of `names`."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        size = self.args.read_kib * 1024
+        client = self.s3_client(RAW_CONCURRENCY + 4)
+
+        def put(i: int) -> int:
+            body = small_object(pool, i, size)
+            client.put_object(Bucket=bucket, Key=names[i], Body=body)
+            return zlib.crc32(body)
+
+        with ThreadPoolExecutor(RAW_CONCURRENCY) as ex:
+            return list(ex.map(put, range(len(names))))
+
+    def write_read_set(self, target: Target, names: list[str], pool: bytes) -> None:
+        """Create the read set through a mount (peers that keep their own object format,
+        i.e. JuiceFS), READERS threads, then make it durable (not timed)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        size = self.args.read_kib * 1024
+        for d in sorted({n.rsplit("/", 1)[0] for n in names}):
+            (target.path / d).mkdir(parents=True, exist_ok=True)
+
+        def write(i: int) -> None:
+            (target.path / names[i]).write_bytes(small_object(pool, i, size))
+
+        with ThreadPoolExecutor(READERS) as ex:
+            list(ex.map(write, range(len(names))))
+        target.durable()
+
+    def check_small_reads(self, what: str, results: list, shares: list[list[int]],
+                          names: list[str], crcs: list[int]) -> None:
+        """Every file of every share read whole, with the CRC-32 of what was uploaded."""
+        size = self.args.read_kib * 1024
+        for share, r in zip(shares, results, strict=True):
+            got = list(zip(r.extra["crcs"], r.extra["sizes"], strict=True))
+            if len(got) != len(share):
+                self.mismatches.append(f"{what}: {len(got)} files read, want {len(share)}")
+                raise DataError(f"{what}: a reader read {len(got)} of {len(share)} files")
+            for i, (crc, n) in zip(share, got, strict=True):
+                if n != size:
+                    self.mismatches.append(f"{what} {names[i]}: {n} bytes, want {size}")
+                    raise DataError(f"{what}: {names[i]} has {n} bytes, want {size}")
+                self.check(f"{what} {names[i]}", crc, crcs[i])
+
+    def small_reads(self) -> dict[str, Any]:
+        """K objects made with boto3 (once per run, not timed), read once with GetObject in
+        READERS threads, then through each mount by READERS processes, cold and warm."""
+        a = self.args
+        names = self.read_names()
+        order = list(range(len(names)))
+        random.Random(11).shuffle(order)  # a data loader's shuffled epoch
+        shares = [order[j::READERS] for j in range(READERS)]
+        size = a.read_kib * 1024
+        pool = random.Random(4242).randbytes(max(4 * MiB, 2 * size))
+        makers = self.makers()
+        keys = ["lakefs_uring"] + [k for k in makers if not k.startswith("lakefs")]
+        out: dict[str, Any] = {"raw_get": [], **{k: {"cold": [], "warm": []} for k in keys}}
+        for r in range(a.runs):
+            bucket = self.new_bucket("read")
+            try:
+                t_up = time.monotonic()
+                crcs = self.upload_read_set(bucket, names, pool)
+                self.log(f"small-file read set run {r + 1}: {len(names)} objects of "
+                         f"{a.read_kib} KiB uploaded in {time.monotonic() - t_up:.1f} s")
+                self.drop_caches()
+                res = run_parallel("get_small", [(self.s3.endpoint_url, bucket,
+                                                  [names[i] for i in order], READERS)])
+                self.check_small_reads(f"raw GetObject run {r + 1}", res, [order], names,
+                                       crcs)
+                t0, t1, _ = span(res)
+                out["raw_get"].append(len(names) / (t1 - t0))
+                self.log(f"raw GetObject small-file read run {r + 1}: "
+                         f"{out['raw_get'][-1]:.0f} files/s")
+                for key in keys:
+                    if key in self.read_errors:
+                        continue
+                    label, make = makers[key]
+                    try:
+                        for phase, v in self.small_reads_on(key, label, make, r, bucket,
+                                                            names, shares, crcs,
+                                                            pool).items():
+                            out[key][phase].append(v)
+                    except Exception as exc:
+                        traceback.print_exc()
+                        self.read_errors[key] = f"{type(exc).__name__}: {exc}"
+                        for t in list(self.live):
+                            with contextlib.suppress(Exception):
+                                t.kill()
+                            self.live.remove(t)
+            finally:
+                self.delete_bucket(bucket)
+        return out
+
+    def small_reads_on(self, key: str, label: str, make: Callable[[Path, str], Target],
+                       r: int, bucket: str, names: list[str], shares: list[list[int]],
+                       crcs: list[int], pool: bytes) -> dict[str, float]:
+        """One run of the small-file reads on one mount: a fresh mount with an empty cache
+        dir after dropping the page cache (cold), then the same reads again on that mount
+        after dropping the page cache (warm). files/s per phase."""
+        own_bucket = None
+        if key == "juicefs":
+            # JuiceFS does not show plain objects (it keeps chunks in its own format): write
+            # the same files through it first, into a bucket of its own, and unmount
+            own_bucket = bucket = self.new_bucket("readjfs")
+        try:
+            if own_bucket:
+                target = self.start_target(make(self.work / f"{key}-rp{r}", bucket))
+                try:
+                    self.write_read_set(target, names, pool)
+                finally:
+                    self.stop_target(target)
+            out: dict[str, float] = {}
+            target = self.start_target(make(self.work / f"{key}-rd{r}", bucket))
+            try:
+                for phase in ("cold", "warm"):
+                    self.drop_caches()
+                    res = run_parallel("read_small", [
+                        (str(target.path), [names[i] for i in share], MiB)
+                        for share in shares])
+                    self.check_small_reads(f"{label} {phase} small-file read run {r + 1}",
+                                           res, shares, names, crcs)
+                    t0, t1, _ = span(res)
+                    out[phase] = len(names) / (t1 - t0)
+                    self.log(f"{label} {phase} small-file read run {r + 1}: "
+                             f"{out[phase]:.0f} files/s")
+            finally:
+                self.stop_target(target)
+            return out
+        finally:
+            if own_bucket:
+                self.delete_bucket(own_bucket)
+
     # ------------------------------------------------------------------ driver
 
     def makers(self) -> dict[str, tuple[str, Callable[[Path, str], Target]]]:
@@ -459,10 +607,12 @@ class Suite:
                 shutil.rmtree(self.work, ignore_errors=True)
         return self._results(time.monotonic() - started)
 
-    def _guard(self, key: str, title: str, fn: Callable[[], dict[str, Any]]) -> None:
+    def _guard(self, key: str, title: str, fn: Callable[[], dict[str, Any]],
+               errors: dict[str, str]) -> None:
+        """Run one workload's points; a crash of it is recorded there, the others stay.
+        `errors`: the per-target failures the workload collected (points missing)."""
         try:
-            self.workloads[key] = {"title": title, "points": fn(),
-                                   "errors": self.small_errors}
+            self.workloads[key] = {"title": title, "points": fn(), "errors": errors}
         except Exception as exc:
             traceback.print_exc()
             self.workloads[key] = {"title": title, "points": {},
@@ -541,7 +691,11 @@ class Suite:
                                        "errors": errors}
         # 4. small files
         self._guard("small_files", f"Small files ({a.small_files} x {a.small_kib} KiB, "
-                    f"{a.small_writers} writers)", self._small_points)
+                    f"{a.small_writers} writers)", self._small_points, self.small_errors)
+        # 6. small-file reads
+        if a.read_files:
+            self._guard("small_reads", f"Small-file reads ({a.read_files} x {a.read_kib} KiB, "
+                        f"{READERS} readers)", self._small_read_points, self.read_errors)
 
     def _small_points(self) -> dict[str, Any]:
         P = report.point
@@ -580,6 +734,21 @@ class Suite:
             pts[f"{key}_stat_cold"] = P(v["stat_cold"], "s", higher_is_better=False,
                                         label=f"{label} stat all (fresh mount)",
                                         baseline="raw_disk_stat")
+        return pts
+
+    def _small_read_points(self) -> dict[str, Any]:
+        P = report.point
+        v = self.small_reads()
+        makers = self.makers()
+        pts = {"raw_get": P(v.pop("raw_get"), "files/s",
+                            label=f"raw GetObject (boto3, {READERS} threads)", baseline=None)}
+        for key, phases in v.items():
+            if key in self.read_errors or not phases["cold"]:
+                continue
+            label = makers[key][0]
+            for phase in ("cold", "warm"):
+                pts[f"{key}_{phase}"] = P(phases[phase], "files/s", label=f"{label} {phase}",
+                                          baseline="raw_get")
         return pts
 
     def _results(self, elapsed: float) -> dict[str, Any]:
@@ -668,6 +837,14 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             f" = {100 * p['ratio']:.0f} %")
     else:
         add(False, "restore: no measurement")
+    sr = pts("small_reads")
+    for phase in ("cold", "warm"):
+        p = sr.get(f"lakefs_uring_{phase}")
+        if p:
+            add(p["ratio"] >= 0.9, f"small-file reads {phase} >= 90 % of raw GET: "
+                f"{p['median']:.0f} files/s = {100 * p['ratio']:.0f} %")
+        else:
+            add(False, f"small-file reads {phase} >= 90 % of raw GET: no measurement")
     listing = [x for x in results.get("anomalies", []) if "lakefs" in x]
     add(not listing, "small files: listing complete right after create + flush" +
         (f": {listing[0]}" if listing else ""))
@@ -684,12 +861,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the suite")
     r.add_argument("--quick", action="store_true",
-                   help="development size: 4 x 64 MiB, 1,000 small files, 1 run")
+                   help="development size: 4 x 64 MiB, 1,000 small files, 500 small-file "
+                        "reads, 1 run")
     r.add_argument("--writers", type=int)
     r.add_argument("--file-mib", type=int)
     r.add_argument("--small-files", type=int)
     r.add_argument("--small-writers", type=int, default=4)
     r.add_argument("--small-kib", type=int, default=64)
+    r.add_argument("--read-files", type=int,
+                   help=f"small-file reads: objects made with boto3 and read through the "
+                        f"mount by {READERS} processes (default 20000; 500 with --quick; "
+                        f"0 skips the workload)")
+    r.add_argument("--read-kib", type=int, default=100,
+                   help="small-file reads: size of each object in KiB (default 100)")
     r.add_argument("--runs", type=int)
     r.add_argument("--part-size", default="16M", help="lakefs-mount --part-size")
     r.add_argument("--upload-concurrency", type=int, default=8,
@@ -703,13 +887,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="scratch dir on the cache disk (wiped)")
     r.add_argument("--keep", action="store_true", help="keep the scratch dir")
     a = ap.parse_args(argv)
-    quick = {"writers": 4, "file_mib": 64, "small_files": 1000, "runs": 1}
-    full = {"writers": 8, "file_mib": 512, "small_files": 10000, "runs": 3}
+    quick = {"writers": 4, "file_mib": 64, "small_files": 1000, "read_files": 500, "runs": 1}
+    full = {"writers": 8, "file_mib": 512, "small_files": 10000, "read_files": 20000,
+            "runs": 3}
     for k, v in (quick if a.quick else full).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.runs < 1:
         ap.error("--runs must be >= 1")
+    if a.read_files < 0 or a.read_kib < 1:
+        ap.error("--read-files must be >= 0 and --read-kib >= 1")
     if a.out is None:
         a.out = str(HERE / "results" / ("quick" if a.quick else ""))
     return a

@@ -1,4 +1,5 @@
-"""Process-level workers of the benchmark suite: writers, readers, ranged-GET readers.
+"""Process-level workers of the benchmark suite: writers, readers, ranged-GET readers,
+small-file writers/readers and their boto3 PutObject/GetObject counterparts.
 
 Every worker runs in its own process (spawned, so no locks or threads are inherited from
 the driver), waits on a shared barrier, then does the timed work; it reports
@@ -165,9 +166,72 @@ def _put_small(barrier: Any, endpoint: str, bucket: str, keys: Sequence[str], si
                   {"files": len(keys)})
 
 
+def small_object(pool: bytes, index: int, size: int) -> bytes:
+    """Body of object `index` of the small-file read set: its index, then a slice of the
+    random pool at an index-dependent offset (distinct, incompressible, deterministic)."""
+    head = index.to_bytes(8, "little")[:size]
+    n = size - len(head)
+    off = (index * 7919) % (len(pool) - n + 1)
+    return head + pool[off:off + n]
+
+
+def _read_small(barrier: Any, root: str, names: Sequence[str], chunk: int) -> Result:
+    """Open, read whole (`chunk`-sized reads until EOF) and close every file of `names`
+    (paths relative to `root`), in order; CRC-32 and size of each in `extra`."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    crcs: list[int] = []
+    sizes: list[int] = []
+    barrier.wait()
+    start = time.monotonic()
+    for name in names:
+        fd = os.open(os.path.join(root, name), os.O_RDONLY)
+        try:
+            crc = 0
+            total = 0
+            while True:
+                n = os.readv(fd, [view])
+                if n == 0:
+                    break
+                crc = zlib.crc32(view[:n], crc)
+                total += n
+        finally:
+            os.close(fd)
+        crcs.append(crc)
+        sizes.append(total)
+    return Result(start, time.monotonic(), sum(sizes), 0,
+                  {"files": len(names), "crcs": crcs, "sizes": sizes})
+
+
+def _get_small(barrier: Any, endpoint: str, bucket: str, keys: Sequence[str],
+               threads: int) -> Result:
+    """GetObject of every key (whole body) with `threads` threads; CRC-32 and size of each
+    in `extra`, in the order of `keys`."""
+    import boto3
+
+    from benchmarks.suite import s3_config
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          config=s3_config(threads + 2))
+
+    def fetch(key: str) -> tuple[int, int]:
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return zlib.crc32(data), len(data)
+
+    client.head_bucket(Bucket=bucket)  # connection set up outside the timed section
+    barrier.wait()
+    start = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        got = list(pool.map(fetch, keys))
+    end = time.monotonic()
+    return Result(start, end, sum(n for _, n in got), 0,
+                  {"files": len(keys), "crcs": [c for c, _ in got],
+                   "sizes": [n for _, n in got]})
+
+
 WORKERS: dict[str, Callable[..., Result]] = {
     "write": _write_one, "read": _read_one, "get": _get_one, "small": _small_files,
-    "put_small": _put_small,
+    "put_small": _put_small, "read_small": _read_small, "get_small": _get_small,
 }
 
 
