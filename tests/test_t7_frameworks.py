@@ -306,11 +306,12 @@ def _write_checkpoint(directory: Path, seed: int) -> dict[str, bytes]:
     return payload
 
 
-def test_tmp_dir_rename_of_dirty_checkpoint_needs_no_server_side_copy(mount, s3):
+def test_tmp_dir_rename_of_dirty_checkpoint_needs_no_server_side_copy(mount_factory, s3):
     """Hugging Face / Megatron: write tmp-checkpoint-N/, rename it, flush. Data still dirty
     at the rename (closed within the commit delay, or parts of an open upload) goes to the
-    new keys from the cache: no server-side copy."""
-    m = mount
+    new keys from the cache: no server-side copy. The commit delay is long here so that a
+    slow machine cannot commit a file before the rename (which then is copied, rightly)."""
+    m = mount_factory("--commit-delay", "60")
     before = m.counters()
     payload = _write_checkpoint(m.path / "tmp-checkpoint-100", seed=100)
     os.rename(m.path / "tmp-checkpoint-100", m.path / "checkpoint-100")  # before any flush
