@@ -347,8 +347,20 @@ class CacheManager:
             return start, start
         return start, max(start, min(end, cf.base_size))
 
-    async def _ensure_chunk(self, cf: CachedFile, idx: int) -> None:
-        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed."""
+    async def adopt_small_object(self, cf: CachedFile, etag: str, body: bytes) -> None:
+        """A small object fetched whole at lookup: its bytes become the cached chunk 0
+        (through the same path as a fetch), so the read that follows sends no GET."""
+        if (cf.pending or cf.base_etag != etag
+                or not len(body) == cf.base_size <= self.parts.chunk_range(0)[1]):
+            return
+        try:
+            await self._ensure_chunk(cf, 0, fetched=body)
+        except OSError as exc:  # e.g. a full cache disk: the read will fetch it again
+            log.debug("not caching %s at lookup: %s", cf.key, exc)
+
+    async def _ensure_chunk(self, cf: CachedFile, idx: int, fetched: bytes | None = None) -> None:
+        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed
+        (or writing `fetched`, its bytes already at hand)."""
         while True:
             if idx in cf.chunks:
                 return
@@ -368,7 +380,10 @@ class CacheManager:
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
                     write_on_this_thread(fd, piece, offset)
 
-                await self.store.get_range_into(cf.base_key, start, end, write_piece)
+                if fetched is not None:
+                    await self.engine.write(fd, fetched, start)
+                else:
+                    await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:
                 await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key,
                                    cf.base_etag, cf.base_size, [idx])

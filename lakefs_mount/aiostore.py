@@ -98,6 +98,13 @@ class AsyncStore:
         self.metrics[m.LISTS] += 1
         return await self.call(collect)
 
+    async def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
+        self.metrics[m.GETS] += 1
+        got = await self.call(self.sync.get, key)  # a lookup: fails as fast as a HEAD
+        if got is not None:
+            self.metrics[m.BYTES_DOWNLOADED] += len(got[1])
+        return got
+
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         self.metrics[m.GETS] += 1
         data = await self.retrying(f"GET {key}", self.sync.get_range, key, start, end,

@@ -101,7 +101,7 @@ class FileSystem:
         if self.read_only:
             raise FSError(errno.EROFS)
 
-    async def _child(self, parent: Inode, name: str) -> Inode | None:
+    async def _child(self, parent: Inode, name: str, with_body: bool = False) -> Inode | None:
         if not parent.is_dir:
             raise FSError(errno.ENOTDIR)
         if len(os.fsencode(name)) > 255:
@@ -113,7 +113,7 @@ class FileSystem:
             await self.ns.ensure_listed(parent)
             child = self.ns.child(parent, name)
             if child is not None:
-                await self.ns.ensure_headed(child)
+                await self.ns.ensure_headed(child, with_body)
         return child
 
     async def lookup(self, parent_ino: int, name: str) -> Attr:
@@ -123,7 +123,7 @@ class FileSystem:
         elif name == "..":
             child = self.ns.get(parent.parent)
         else:
-            child = await self._child(parent, name)
+            child = await self._child(parent, name, with_body=True)  # usually opened next
         if child is None:
             raise FSError(errno.ENOENT)
         child.lookups += 1

@@ -98,6 +98,12 @@ class MemoryObjectStore:
             obj = self.objects.get(key)
             return None if obj is None else self._info(key, obj, with_metadata=True)
 
+    def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
+        self._count("get")
+        with self._lock:
+            obj = self.objects.get(key)
+            return None if obj is None else (self._info(key, obj, with_metadata=True), obj.body)
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         self._count("get_range")
         with self._lock:

@@ -13,7 +13,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -29,6 +29,9 @@ ROOT_INO = 1
 DEFAULT_FILE_MODE = stat.S_IFREG | 0o644
 DEFAULT_DIR_MODE = stat.S_IFDIR | 0o755
 HEAD_CONCURRENCY = 32
+# Looked up by name, an object up to this size is fetched whole instead of HEADed: the GET
+# brings the same metadata, and the read that usually follows a lookup needs no request.
+SMALL_OBJECT_MAX = 256 * 1024
 
 
 class Kind(enum.Enum):
@@ -104,6 +107,8 @@ class Namespace:
         self.on_remote_file: Callable[[CachedFile], None] = lambda cf: None
         # Called before a file's base moves to a new version: its cached chunks are void.
         self.on_remote_change: Callable[[CachedFile], None] = lambda cf: cf.chunks.clear()
+        # Given the bytes of a small object fetched at lookup, after its metadata applied.
+        self.on_small_object: Callable[[CachedFile, str, bytes], Awaitable[None]] | None = None
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -261,16 +266,29 @@ class Namespace:
             return True
         return any(self._has_local_state(d) for d in self.descendants(inode))
 
-    async def ensure_headed(self, inode: Inode) -> None:
-        """Attributes from the object's metadata (mode, owner, mtime, symlink)."""
+    async def ensure_headed(self, inode: Inode, with_body: bool = False) -> None:
+        """Attributes from the object's metadata (mode, owner, mtime, symlink); with_body
+        (a lookup by name), a small object comes whole, its bytes go to the cache."""
         cf = inode.file
         if inode.headed or cf is None:
             return
-        info = await self.store.head(cf.key)
-        inode.headed = True
-        if info is None:
+        small = (with_body and self.on_small_object is not None and not cf.pending
+                 and not cf.chunks  # a warm cache already holds it: HEAD is enough
+                 and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX)
+        if not small:
+            info = await self.store.head(cf.key)
+            inode.headed = True
+            if info is not None:
+                self.apply_metadata(inode, info)
             return
+        got = await self.store.get(cf.key)
+        inode.headed = True
+        if got is None:
+            return
+        info, body = got
         self.apply_metadata(inode, info)
+        if inode.kind is Kind.FILE and self.on_small_object is not None:
+            await self.on_small_object(cf, info.etag, body)
 
     async def ensure_children_headed(self, dir_inode: Inode) -> None:
         """HEAD the listed files of a directory before readdir hands out their attributes.

@@ -75,6 +75,10 @@ class ObjectStore(Protocol):
         """Bytes [start, end) of `key` (fewer if the object is shorter)."""
         ...
 
+    def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
+        """A whole (small) object with its metadata in one request, or None if absent."""
+        ...
+
     def get_range_into(self, key: str, start: int, end: int,
                        write: Callable[[int, bytes], None]) -> int:
         """Bytes [start, end) of `key`, handed to write(offset, piece) in pieces of about

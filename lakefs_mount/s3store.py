@@ -226,6 +226,17 @@ class S3ObjectStore:
         metadata = {k.lower(): v for k, v in resp.get("Metadata", {}).items()}
         return self._info({"Key": key, **resp}, metadata)
 
+    def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
+        try:
+            with self._errors("GetObject", key):
+                resp = self._client.get_object(Bucket=self.bucket, Key=key)
+                with resp["Body"] as body:
+                    data = body.read()
+        except NoSuchKey:
+            return None
+        metadata = {k.lower(): v for k, v in resp.get("Metadata", {}).items()}
+        return self._info({"Key": key, **resp}, metadata), data
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end <= start:
             return b""

@@ -122,3 +122,32 @@ def test_tiny_max_dirty_with_a_slow_backend_still_lands_every_byte(mount_factory
         assert hashlib.sha256(s3.get_range(name, 0, len(data) + 1)).digest() == \
             hashlib.sha256(data).digest()
     assert m.counters().get("writer_waits", 0) > 0
+
+
+def test_a_small_object_opened_by_name_costs_one_get_and_no_head(mount_factory, s3):
+    """Training data: lookup + open + read of a small object is one GET (its metadata comes
+    with the body), not a HEAD and then a GET."""
+    bodies = {f"train/f{i:03d}.bin": random.randbytes(100 * 1024 + i) for i in range(20)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory()
+    before = m.counters()
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    after = m.counters()
+    assert after.get("heads", 0) - before.get("heads", 0) == 0
+    assert after.get("gets", 0) - before.get("gets", 0) == len(bodies)
+
+
+def test_metadata_of_a_small_object_fetched_at_lookup_is_applied(mount_factory, s3):
+    writer = mount_factory(name="writer")
+    (writer.path / "secret.txt").write_bytes(b"k" * 5000)
+    os.chmod(writer.path / "secret.txt", 0o600)
+    os.utime(writer.path / "secret.txt", ns=(1_600_000_000_123_456_789,) * 2)
+    assert writer.unmount().returncode == 0
+    reader = mount_factory(name="reader")  # empty cache: everything comes from S3
+    st = os.stat(reader.path / "secret.txt")
+    assert (st.st_mode & 0o7777, st.st_mtime_ns, st.st_size) == \
+        (0o600, 1_600_000_000_123_456_789, 5000)
+    assert (reader.path / "secret.txt").read_bytes() == b"k" * 5000
+    assert reader.counters().get("heads", 0) == 0
