@@ -128,6 +128,13 @@ class Suite:
         target.start()
         return target
 
+    def kill_live(self) -> None:
+        """After a failed workload: kill whatever targets it left running."""
+        for t in list(self.live):
+            with contextlib.suppress(Exception):
+                t.kill()
+            self.live.remove(t)
+
     def stop_target(self, target: Target) -> None:
         if target.pid is not None:
             with contextlib.suppress(OSError):
@@ -508,10 +515,7 @@ class Suite:
                     except Exception as exc:
                         traceback.print_exc()
                         self.read_errors[key] = f"{type(exc).__name__}: {exc}"
-                        for t in list(self.live):
-                            with contextlib.suppress(Exception):
-                                t.kill()
-                            self.live.remove(t)
+                        self.kill_live()
             finally:
                 self.delete_bucket(bucket)
         return out
@@ -599,9 +603,7 @@ class Suite:
         try:
             self._workloads()
         finally:
-            for t in list(self.live):
-                with contextlib.suppress(Exception):
-                    t.kill()
+            self.kill_live()
             self.s3.stop(timeout=3)
             if not a.keep:
                 shutil.rmtree(self.work, ignore_errors=True)
@@ -617,10 +619,7 @@ class Suite:
             traceback.print_exc()
             self.workloads[key] = {"title": title, "points": {},
                                    "error": f"{type(exc).__name__}: {exc}"}
-            for t in list(self.live):
-                with contextlib.suppress(Exception):
-                    t.kill()
-                self.live.remove(t)
+            self.kill_live()
 
     def _workloads(self) -> None:
         a = self.args
@@ -639,10 +638,7 @@ class Suite:
             except Exception as exc:
                 traceback.print_exc()
                 per_target[key] = {"label": label, "error": f"{type(exc).__name__}: {exc}"}
-                for t in list(self.live):
-                    with contextlib.suppress(Exception):
-                        t.kill()
-                    self.live.remove(t)
+                self.kill_live()
         ok = {k: v for k, v in per_target.items() if "error" not in v}
         errors = {k: v["error"] for k, v in per_target.items() if "error" in v}
 
@@ -717,10 +713,7 @@ class Suite:
             except Exception as exc:
                 traceback.print_exc()
                 self.small_errors[key] = f"{type(exc).__name__}: {exc}"
-                for t in list(self.live):
-                    with contextlib.suppress(Exception):
-                        t.kill()
-                    self.live.remove(t)
+                self.kill_live()
                 continue
             pts[key] = P(v["files_s"], "files/s", label=f"{label} durable",
                          baseline="raw_put")

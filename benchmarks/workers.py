@@ -80,23 +80,23 @@ def _write_one(barrier: Any, path: str, size: int, chunk: int, seed: int, fsync:
     return Result(start, end, size, crc, {})
 
 
-def _read_one(barrier: Any, path: str, chunk: int) -> Result:
-    barrier.wait()
-    start = time.monotonic()
-    crc = 0
-    total = 0
+def _read_crc(path: str, view: memoryview) -> tuple[int, int]:
+    """Read `path` to EOF in len(view)-sized reads: its CRC-32 and size."""
+    crc = total = 0
     fd = os.open(path, os.O_RDONLY)
     try:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while True:
-            n = os.readv(fd, [view])
-            if n == 0:
-                break
+        while n := os.readv(fd, [view]):
             crc = zlib.crc32(view[:n], crc)
             total += n
     finally:
         os.close(fd)
+    return crc, total
+
+
+def _read_one(barrier: Any, path: str, chunk: int) -> Result:
+    barrier.wait()
+    start = time.monotonic()
+    crc, total = _read_crc(path, memoryview(bytearray(chunk)))
     return Result(start, time.monotonic(), total, crc, {})
 
 
@@ -185,18 +185,7 @@ def _read_small(barrier: Any, root: str, names: Sequence[str], chunk: int) -> Re
     barrier.wait()
     start = time.monotonic()
     for name in names:
-        fd = os.open(os.path.join(root, name), os.O_RDONLY)
-        try:
-            crc = 0
-            total = 0
-            while True:
-                n = os.readv(fd, [view])
-                if n == 0:
-                    break
-                crc = zlib.crc32(view[:n], crc)
-                total += n
-        finally:
-            os.close(fd)
+        crc, total = _read_crc(os.path.join(root, name), view)
         crcs.append(crc)
         sizes.append(total)
     return Result(start, time.monotonic(), sum(sizes), 0,

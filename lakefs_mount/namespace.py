@@ -272,23 +272,22 @@ class Namespace:
         cf = inode.file
         if inode.headed or cf is None:
             return
-        small = (with_body and self.on_small_object is not None and not cf.pending
+        small = (with_body and not cf.pending
                  and not cf.chunks  # a warm cache already holds it: HEAD is enough
                  and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX)
-        if not small:
+        adopt = self.on_small_object if small else None
+        body: bytes | None = None
+        if adopt is None:
             info = await self.store.head(cf.key)
-            inode.headed = True
-            if info is not None:
-                self.apply_metadata(inode, info)
-            return
-        got = await self.store.get(cf.key)
+        else:
+            got = await self.store.get(cf.key)
+            info, body = got if got is not None else (None, None)
         inode.headed = True
-        if got is None:
+        if info is None:
             return
-        info, body = got
         self.apply_metadata(inode, info)
-        if inode.kind is Kind.FILE and self.on_small_object is not None:
-            await self.on_small_object(cf, info.etag, body)
+        if adopt is not None and body is not None and inode.kind is Kind.FILE:
+            await adopt(cf, info.etag, body)
 
     async def ensure_children_headed(self, dir_inode: Inode) -> None:
         """HEAD the listed files of a directory before readdir hands out their attributes.
