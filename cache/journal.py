@@ -32,17 +32,19 @@ meta       name/value pairs: next_fid, bucket, prefix, part_size.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlite_utils
 import trio
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CHUNK_DIRTY = "dirty"
 CHUNK_UPLOADED = "uploaded"
@@ -111,6 +113,9 @@ class WarmFile:
     chunks: list[int]
 
 
+CleanNote = tuple[int, str, str, int, list[int]]  # fid, key, etag, size, chunk indices
+
+
 class Journal:
     """Synchronous journal access; the daemon calls it from one worker thread at a time."""
 
@@ -165,8 +170,14 @@ class Journal:
     # -- files ------------------------------------------------------------------------
 
     def put_file(self, rec: PendingFile) -> None:
-        """Record (or replace) a file that must be committed."""
-        self.db["files"].upsert(vars(rec), pk="fid")
+        """Record (or replace) a file that must be committed (plain SQL: sqlite-utils'
+        upsert inspects the table on every call, 0.35 ms instead of 0.07)."""
+        row = vars(rec)
+        names = ", ".join(row)
+        updates = ", ".join(f"{n}=excluded.{n}" for n in row if n != "fid")
+        self._conn.execute(
+            f"INSERT INTO files({names}) VALUES ({', '.join('?' * len(row))})"
+            f" ON CONFLICT(fid) DO UPDATE SET {updates}", tuple(row.values()))
 
     def drop_file(self, fid: int) -> None:
         """The file is committed (or gone): nothing of it is pending any more."""
@@ -286,15 +297,13 @@ class Journal:
     def note_clean(self, fid: int, key: str, etag: str, size: int, indices: list[int],
                    replace: bool = False) -> None:
         """Chunks of fid now hold object key@etag; `replace` drops what was noted before."""
-        with self._conn:
-            self._conn.execute("BEGIN")
-            if replace:
+        if replace:
+            with self._conn:
+                self._conn.execute("BEGIN")
                 self._conn.execute("DELETE FROM clean_chunks WHERE fid=?", (fid,))
-            self._conn.execute(
-                "INSERT OR REPLACE INTO cached_files(fid, key, etag, size) VALUES (?,?,?,?)",
-                (fid, key, etag, size))
-            self._conn.executemany("INSERT OR IGNORE INTO clean_chunks(fid, idx) VALUES (?, ?)",
-                                   [(fid, i) for i in indices])
+                self._note_clean(fid, key, etag, size, indices)
+        else:
+            self.note_clean_many([(fid, key, etag, size, indices)])
 
     def drop_clean(self, fid: int, indices: list[int]) -> None:
         self._conn.executemany("DELETE FROM clean_chunks WHERE fid=? AND idx=?",
@@ -337,13 +346,100 @@ class Journal:
         self._conn.execute("PRAGMA synchronous=NORMAL")
 
 
+    def note_clean_many(self, notes: list[CleanNote]) -> None:
+        """Several `note_clean`s in one transaction."""
+        if not notes:
+            return
+        with self._conn:
+            self._conn.execute("BEGIN")
+            for note in notes:
+                self._note_clean(*note)
+
+    def _note_clean(self, fid: int, key: str, etag: str, size: int,
+                    indices: list[int]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO cached_files(fid, key, etag, size) VALUES (?,?,?,?)",
+            (fid, key, etag, size))
+        self._conn.executemany("INSERT OR IGNORE INTO clean_chunks(fid, idx) VALUES (?, ?)",
+                               [(fid, i) for i in indices])
+
+
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[[], Any]
+    taken: bool = False  # by a batch, which runs it whatever happens to its caller
+    value: Any = None
+    error: Exception | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except Exception as exc:  # handed to the caller on the trio side
+            self.error = exc
+
+
 class AsyncJournal:
-    """The journal from the trio loop: calls run one at a time, in order, in a thread."""
+    """The journal from the trio loop: calls run one at a time, in order, in a thread.
+
+    Calls that queue up while one runs go to the thread together, in one hop, each still
+    in its own transaction; with one journal thread, a hop per call made concurrent
+    writers of small files wait for each other's hops (an intent at create, another at
+    the first write). Notes of fetched clean chunks (`note_clean_later`) wait in memory
+    and go in with the next call or `write_notes`, in one transaction: a hop per fetched
+    small file made cold small-file reads queue the same way (151 -> 220 files/s with 8
+    readers). The order of journal changes stays the order of the calls. A crash can
+    lose only such notes, and a chunk the journal does not know is fetched again.
+    """
 
     def __init__(self, journal: Journal) -> None:
         self.sync = journal
-        self._limiter = trio.CapacityLimiter(1)
+        self._lock = trio.Lock()  # fair: batches run in the order their calls came
+        self._queue: list[_Call] = []
+        self._notes: list[CleanNote] = []
 
     async def __call__(self, fn: Callable[..., T], *args: object) -> T:
-        return await trio.to_thread.run_sync(
-            functools.partial(fn, *args), limiter=self._limiter, abandon_on_cancel=False)
+        call = _Call(functools.partial(fn, *args))
+        self._queue.append(call)
+        try:
+            async with self._lock:
+                if not call.taken:
+                    await self._run_queued()
+        except trio.Cancelled:
+            if not call.taken:
+                self._queue.remove(call)
+                raise
+            with trio.CancelScope(shield=True):  # it runs anyway: report how it went
+                await call.finished.wait()
+        if call.error is not None:
+            raise call.error
+        return call.value  # type: ignore[no-any-return]
+
+    async def _run_queued(self) -> None:
+        batch, self._queue = self._queue, []
+        notes, self._notes = self._notes, []
+        for call in batch:
+            call.taken = True
+
+        def run() -> None:
+            try:
+                self.sync.note_clean_many(notes)
+            except sqlite3.Error as exc:  # only warmth is lost: those chunks are refetched
+                log.warning("journal: notes of %d cached chunk(s) not written: %s",
+                            len(notes), exc)
+            for call in batch:
+                call.run()
+
+        try:
+            await trio.to_thread.run_sync(run, abandon_on_cancel=False)
+        finally:
+            for call in batch:
+                call.finished.set()
+
+    def note_clean_later(self, fid: int, key: str, etag: str, size: int,
+                         indices: list[int]) -> None:
+        self._notes.append((fid, key, etag, size, indices))
+
+    async def write_notes(self) -> None:
+        if self._notes:
+            await self(lambda: None)

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 ENOSPC_PATIENCE = 60.0  # seconds a writer waits for uploads to free a full cache disk
 FID_BLOCK = 1024
 JOURNAL_RESERVE = 32 * 1024 * 1024  # free space kept for the journal (10 % on tiny disks)
+NOTES_EVERY = 1.0  # seconds a note of a fetched chunk may wait for the next journal call
 
 
 class CacheManager:
@@ -67,11 +68,14 @@ class CacheManager:
         self.uploads_busy: Callable[[], bool] = lambda: False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Owns the background work of the cache: readahead and eviction."""
+        """Owns the background work of the cache: readahead, eviction, and writing the
+        journal's notes of fetched chunks at least every NOTES_EVERY seconds."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            while True:
+                await trio.sleep(NOTES_EVERY)
+                await self.journal.write_notes()
 
     # -- the warm cache a previous mount left ----------------------------------------
 
@@ -385,8 +389,8 @@ class CacheManager:
                 else:
                     await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:
-                await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key,
-                                   cf.base_etag, cf.base_size, [idx])
+                self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag,
+                                              cf.base_size, [idx])
             self._new_chunk(cf, idx)
         finally:
             del cf.fetching[idx]

@@ -149,6 +149,7 @@ class Daemon:
                     pyfuse3.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
                 await self._final_flush()
+                await self.journal.write_notes()
                 nursery.cancel_scope.cancel()
 
     def _fuse_init(self) -> None:

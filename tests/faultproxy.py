@@ -2,8 +2,10 @@
 
 Placed between a client and the S3 server, it lets tests simulate a slow or dead
 network without touching the server: `delay_seconds` adds latency to every chunk,
-`bandwidth_bytes_per_s` throttles, and `fail = True` kills live connections and
-resets new ones (an outage; the client's pooled keep-alive connections die too).
+`bandwidth_bytes_per_s` throttles, `fail = True` kills live connections and
+resets new ones (an outage; the client's pooled keep-alive connections die too), and
+`truncate_responses_at = n` ends every new connection cleanly after n bytes from the
+server (a body cut short with a clean EOF, which only a length check can notice).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class FaultProxy:
         self.target = (target_host, target_port)
         self.delay_seconds = 0.0
         self.bandwidth_bytes_per_s: float | None = None
+        self.truncate_responses_at: int | None = None
         self.connections_total = 0
         self._fail = False
         self._lock = threading.Lock()
@@ -93,19 +96,24 @@ class FaultProxy:
             with self._lock:
                 self._socks.update((client, upstream))
             pending = [2]  # pumps still running; the last one closes both sockets
-            for src, dst in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pump, args=(src, dst, pending),
+            for src, dst, limit in ((client, upstream, None),
+                                    (upstream, client, self.truncate_responses_at)):
+                thread = threading.Thread(target=self._pump, args=(src, dst, pending, limit),
                                           name="faultproxy-pump", daemon=True)
                 thread.start()
                 self._threads.append(thread)
             self._threads = [t for t in self._threads if t.is_alive()]
 
-    def _pump(self, src: socket.socket, dst: socket.socket, pending: list[int]) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, pending: list[int],
+              limit: int | None) -> None:
         try:
             while True:
                 data = src.recv(_CHUNK)
                 if not data or self._fail:
                     break
+                if limit is not None:
+                    data = data[:limit]
+                    limit -= len(data)
                 if self.delay_seconds:
                     time.sleep(self.delay_seconds)
                 if self.bandwidth_bytes_per_s:
@@ -113,6 +121,9 @@ class FaultProxy:
                 if self._fail:
                     break
                 dst.sendall(data)
+                if limit == 0:
+                    src.shutdown(socket.SHUT_RDWR)
+                    break
         except OSError:
             pass
         finally:

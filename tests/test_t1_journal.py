@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
-from lakefs_mount.cache.journal import CHUNK_DIRTY, CHUNK_UPLOADED, Journal, PendingFile
+import trio
+
+from lakefs_mount.cache.journal import (
+    CHUNK_DIRTY,
+    CHUNK_UPLOADED,
+    AsyncJournal,
+    Journal,
+    PendingFile,
+)
 
 
 def _file(j: Journal, key: str = "a") -> PendingFile:
@@ -114,3 +123,81 @@ def test_a_commit_never_drops_an_intent_that_came_after_it_started(tmp_path):
                            seen_gen=commit_saw)
     assert j.chunks(rec.fid) == {4: (CHUNK_DIRTY, None)}
     assert j.pending_files()[0].base_key == "a"
+
+
+def test_notes_of_fetched_chunks_go_in_with_the_next_call_in_call_order(tmp_path):
+    async def main() -> None:
+        j = AsyncJournal(Journal(tmp_path / "j.db"))
+        j.note_clean_later(7, "k", "e", 100, [0, 1])
+        j.note_clean_later(8, "m", "e", 10, [0])
+        assert j.sync.warm_files() == {}  # no thread hop, no transaction yet
+        await j(j.sync.drop_clean, 7, [1])  # a later drop is not undone by the note
+        warm = j.sync.warm_files()
+        assert warm["k"].chunks == [0] and warm["m"].chunks == [0]
+        j.note_clean_later(9, "n", "e", 10, [0])
+        await j.write_notes()
+        assert j.sync.warm_files()["n"].chunks == [0]
+        await j.write_notes()  # nothing left: a no-op
+
+    trio.run(main)
+
+
+def test_calls_queued_behind_a_running_one_share_one_thread_hop_in_order(tmp_path):
+    async def main() -> None:
+        j = AsyncJournal(Journal(tmp_path / "j.db"))
+        order: list[int] = []
+        threads: set[int] = set()
+
+        def step(i: int) -> int:
+            threads.add(threading.get_ident())
+            order.append(i)
+            if i == 3:
+                raise ValueError("three")
+            return i * 10
+
+        results: dict[int, object] = {}
+
+        async def call(i: int) -> None:
+            try:
+                results[i] = await j(step, i)
+            except ValueError as exc:
+                results[i] = exc
+
+        hops = 0
+        real = trio.to_thread.run_sync
+
+        async def counting(*args: object, **kwargs: object) -> object:
+            nonlocal hops
+            hops += 1
+            return await real(*args, **kwargs)
+
+        trio.to_thread.run_sync = counting  # type: ignore[assignment]
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(call, i)
+                    await trio.sleep(0)  # they queue in this order
+        finally:
+            trio.to_thread.run_sync = real  # type: ignore[assignment]
+        assert order == list(range(8))
+        assert {i: r for i, r in results.items() if i != 3} == {i: i * 10 for i in range(8)
+                                                               if i != 3}
+        assert isinstance(results[3], ValueError)  # the error reaches its own caller only
+        assert hops < 8
+
+        running, release = threading.Event(), threading.Event()
+
+        def slow() -> None:
+            running.set()
+            release.wait(10)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(j, slow)
+            await trio.to_thread.run_sync(running.wait, 10)
+            with trio.move_on_after(0.05):  # queued behind `slow`, then cancelled
+                await j(step, 99)
+            release.set()
+        await j(step, 100)
+        assert 99 not in order and order[-1] == 100
+
+    trio.run(main)
