@@ -209,6 +209,7 @@ class Namespace:
             # the listing is under way (the listing may predate the object).
             local_at_start = {name for name, ino in dir_inode.children.items()
                               if self._has_local_state(self.inodes[ino])}
+            started = time.monotonic()
             listing = await self.store.list_dir(prefix)
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
@@ -237,18 +238,24 @@ class Namespace:
                 inode = self.add(dir_inode, name, Kind.FILE, file=cf)
                 inode.headed = False
             elif existing.file is not None:
-                self._refresh_file(existing, obj)
+                self._refresh_file(existing, obj, started)
         for name, ino in list(dir_inode.children.items()):
             if (name not in seen and name not in local_at_start
                     and not self._has_local_state(self.inodes[ino])):
                 self.detach(self.inodes[ino])
         dir_inode.listed_at = time.monotonic()
 
-    def _refresh_file(self, inode: Inode, obj: ObjectInfo) -> None:
-        """The object changed in S3 (written elsewhere): drop what we cached of it."""
+    def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
+        """A listing saw the object: unchanged, that validates it for close-to-open (no
+        HEAD at the next open: one LIST stands for a HEAD of every file in it); changed in
+        S3 (written elsewhere), what we cached of it is dropped."""
         cf = inode.file
         assert cf is not None
-        if cf.pending or cf.openers or cf.base_etag == obj.etag:
+        if cf.base_etag == obj.etag:
+            if cf.base_key == obj.key:
+                cf.validated_at = max(cf.validated_at, listed_at)
+            return
+        if cf.pending or cf.openers:
             return
         self.on_remote_change(cf)
         cf.size = cf.base_size = obj.size

@@ -145,6 +145,29 @@ def test_a_small_object_opened_by_name_costs_one_get_and_no_head(mount_factory, 
     assert m.counters().get("gets", 0) == 0
 
 
+def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per_open(
+        mount_factory, s3):
+    """Training epochs: once the TTL has passed, the lookup's LIST of the directory confirms
+    the ETag of every file in it, so reopening them costs no HEAD each (close-to-open
+    still holds: a file changed in S3 shows a new ETag in that listing)."""
+    bodies = {f"epoch/f{i}.bin": random.randbytes(50_000 + i) for i in range(10)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory("--metadata-ttl", "0.5")
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    bodies["epoch/f0.bin"] = b"written elsewhere"
+    s3.put("epoch/f0.bin", bodies["epoch/f0.bin"], {})
+    time.sleep(1.5)  # past the TTL and the kernel's entry and attribute timeouts
+    before = m.counters()
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    after = m.counters()
+    assert after.get("heads", 0) - before.get("heads", 0) == 0
+    assert after.get("gets", 0) - before.get("gets", 0) == 1  # only the changed file
+    assert after.get("lists", 0) - before.get("lists", 0) >= 1
+
+
 def test_metadata_of_a_small_object_fetched_at_lookup_is_applied(mount_factory, s3):
     writer = mount_factory(name="writer")
     (writer.path / "secret.txt").write_bytes(b"k" * 5000)
