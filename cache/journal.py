@@ -171,7 +171,7 @@ class Journal:
 
     def put_file(self, rec: PendingFile) -> None:
         """Record (or replace) a file that must be committed (plain SQL: sqlite-utils'
-        upsert inspects the table on every call, 0.35 ms instead of 0.07)."""
+        upsert inspects the table on every call: 0.35 ms instead of 0.04)."""
         row = vars(rec)
         names = ", ".join(row)
         updates = ", ".join(f"{n}=excluded.{n}" for n in row if n != "fid")
@@ -305,6 +305,23 @@ class Journal:
         else:
             self.note_clean_many([(fid, key, etag, size, indices)])
 
+    def note_clean_many(self, notes: list[CleanNote]) -> None:
+        """Several `note_clean`s in one transaction."""
+        if not notes:
+            return
+        with self._conn:
+            self._conn.execute("BEGIN")
+            for note in notes:
+                self._note_clean(*note)
+
+    def _note_clean(self, fid: int, key: str, etag: str, size: int,
+                    indices: list[int]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO cached_files(fid, key, etag, size) VALUES (?,?,?,?)",
+            (fid, key, etag, size))
+        self._conn.executemany("INSERT OR IGNORE INTO clean_chunks(fid, idx) VALUES (?, ?)",
+                               [(fid, i) for i in indices])
+
     def drop_clean(self, fid: int, indices: list[int]) -> None:
         self._conn.executemany("DELETE FROM clean_chunks WHERE fid=? AND idx=?",
                                [(fid, i) for i in indices])
@@ -344,24 +361,6 @@ class Journal:
             self._conn.execute("BEGIN IMMEDIATE")
             self.set_meta("last_sync", "1")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-
-
-    def note_clean_many(self, notes: list[CleanNote]) -> None:
-        """Several `note_clean`s in one transaction."""
-        if not notes:
-            return
-        with self._conn:
-            self._conn.execute("BEGIN")
-            for note in notes:
-                self._note_clean(*note)
-
-    def _note_clean(self, fid: int, key: str, etag: str, size: int,
-                    indices: list[int]) -> None:
-        self._conn.execute(
-            "INSERT OR REPLACE INTO cached_files(fid, key, etag, size) VALUES (?,?,?,?)",
-            (fid, key, etag, size))
-        self._conn.executemany("INSERT OR IGNORE INTO clean_chunks(fid, idx) VALUES (?, ?)",
-                               [(fid, i) for i in indices])
 
 
 @dataclass(eq=False)
