@@ -89,6 +89,15 @@ def test_small_file_is_one_put_object(tmp_path):
     run(body)
 
 
+def test_flush_progress_counts_the_bytes_of_the_file_not_whole_chunks(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            six = await c.write_file("six", b"hello\n")
+            half = await c.write_file("half", b"h" * (PART // 2 + 3))  # no full part: no upload yet
+            assert c.flusher.progress([six, half]).bytes_left == 6 + PART // 2 + 3
+    run(body)
+
+
 def test_full_chunks_stream_as_parts_before_close(tmp_path):
     async def body() -> None:
         async with core(tmp_path) as c:
