@@ -306,6 +306,10 @@ class CacheManager:
                 self.budget.touch((cf, idx))
             return await self._read_cached(cf, offset, end)
 
+    def holds(self, cf: CachedFile, start: int, end: int) -> bool:
+        """True if bytes [start, end) can be read without a GET."""
+        return all(idx in cf.chunks for idx in self.parts.chunks_between(start, end))
+
     @contextmanager
     def _pinned(self, cf: CachedFile, indices: range | list[int]) -> Iterator[None]:
         """Chunks in use by a read or write: eviction leaves them alone."""

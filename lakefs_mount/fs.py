@@ -18,11 +18,19 @@ from dataclasses import dataclass
 
 import trio
 
+from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.layout import encode_attrs
-from lakefs_mount.namespace import ROOT_INO, Inode, Kind, Namespace, valid_name
+from lakefs_mount.namespace import (
+    ROOT_INO,
+    SMALL_OBJECT_MAX,
+    Inode,
+    Kind,
+    Namespace,
+    valid_name,
+)
 from lakefs_mount.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -505,6 +513,24 @@ class FileSystem:
 
     def keep_cache(self, fh: int) -> bool:
         return self._handle(fh).keep_cache
+
+    async def page_cache_fill(self, fh: int) -> bytes | None:
+        """The bytes of a small file opened for reading whose every byte is cached here,
+        for the FUSE layer to put in the kernel's page cache with the open: the first read
+        then needs no request. None when the kernel must ask."""
+        handle = self._handle(fh)
+        cf = handle.inode.file
+        if (handle.writable or handle.keep_cache or cf is None or cf.pending or cf.writers
+                or not 0 < cf.size <= SMALL_OBJECT_MAX or not self.cache.holds(cf, 0, cf.size)):
+            return None
+        try:
+            return await self.cache.read(cf, 0, cf.size)
+        except OSError:  # the kernel's read will ask, and report it
+            return None
+
+    def page_cache_filled(self, fh: int) -> None:
+        self._handle(fh).keep_cache = True
+        self.cache.metrics[m.PAGE_CACHE_FILLS] += 1
 
     async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
                      gid: int) -> tuple[int, Attr]:

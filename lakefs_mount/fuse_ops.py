@@ -119,6 +119,13 @@ class FuseOperations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         fh = await _call(self.fs.open, inode, flags)
+        data = await _call(self.fs.page_cache_fill, fh)
+        if data is not None:
+            try:  # the kernel keeps these pages: the open below says keep_cache
+                pyfuse3.notify_store(inode, 0, data)
+                self.fs.page_cache_filled(fh)
+            except OSError as exc:
+                log.debug("page cache of inode %d not filled: %s", inode, exc)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.keep_cache(fh))
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,

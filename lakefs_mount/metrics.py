@@ -23,6 +23,7 @@ RECOVERED_FILES = "recovered_files"
 CACHE_EVICTIONS = "cache_evictions"
 WRITER_WAITS = "writer_waits"  # writes that waited for --max-dirty backpressure
 CACHE_FULL_WAITS = "cache_full_waits"  # cache-file writes that hit ENOSPC and made room
+PAGE_CACHE_FILLS = "page_cache_fills"  # small files handed to the kernel with their open
 
 
 class Metrics(Counter[str]):

@@ -168,6 +168,29 @@ def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per
     assert after.get("lists", 0) - before.get("lists", 0) >= 1
 
 
+def test_a_small_file_comes_with_its_open_and_stays_coherent(mount_factory, s3):
+    """A small file opened for reading, with all its bytes cached, goes into the kernel's
+    page cache with the open (its first read costs no request); a version written
+    elsewhere replaces it after the TTL, and a writer's bytes replace it at once."""
+    bodies = {f"fill/f{i}.bin": random.randbytes(1000 * (i + 1)) for i in range(8)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory("--metadata-ttl", "0.5")
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    assert m.counters().get("page_cache_fills", 0) == len(bodies)
+    s3.put("fill/f0.bin", b"new version", {})
+    time.sleep(1.5)
+    assert (m.path / "fill/f0.bin").read_bytes() == b"new version"
+    (m.path / "fill/f1.bin").write_bytes(b"written here")
+    assert (m.path / "fill/f1.bin").read_bytes() == b"written here"
+    with open(m.path / "fill/f2.bin", "r+b") as f:
+        f.seek(10)
+        f.write(b"XY")
+    expected = bodies["fill/f2.bin"][:10] + b"XY" + bodies["fill/f2.bin"][12:]
+    assert (m.path / "fill/f2.bin").read_bytes() == expected
+
+
 def test_metadata_of_a_small_object_fetched_at_lookup_is_applied(mount_factory, s3):
     writer = mount_factory(name="writer")
     (writer.path / "secret.txt").write_bytes(b"k" * 5000)
