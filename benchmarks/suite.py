@@ -802,14 +802,18 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     def add(ok: bool, text: str) -> None:
         out.append({"pass": bool(ok), "text": text})
 
+    def at_least(p: dict[str, Any] | None, minimum: float, goal: str, value: str) -> None:
+        """A goal on a ratio: `value` formats the point's median ({:.3f} GiB/s ...)."""
+        if p:
+            add(p["ratio"] >= minimum, f"{goal}: {value.format(p['median'])} = "
+                f"{100 * p['ratio']:.0f} %")
+        else:
+            add(False, f"{goal}: no measurement")
+
     cw = pts("checkpoint_write")
     for e in ENGINES:
-        p = cw.get(f"lakefs_{e}")
-        if p:
-            add(p["ratio"] >= 0.8, f"mount write ({e}) >= 80 % of raw disk: "
-                f"{p['median']:.3f} GiB/s = {100 * p['ratio']:.0f} %")
-        else:
-            add(False, f"mount write ({e}) >= 80 % of raw disk: no measurement")
+        at_least(cw.get(f"lakefs_{e}"), 0.8, f"mount write ({e}) >= 80 % of raw disk",
+                 "{:.3f} GiB/s")
     if cw.get("lakefs_uring") and cw.get("lakefs_threads"):
         u, t = cw["lakefs_uring"]["median"], cw["lakefs_threads"]["median"]
         add(u >= t, f"uring engine >= thread engine: {u:.3f} vs {t:.3f} GiB/s "
@@ -832,12 +836,8 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(False, "restore: no measurement")
     sr = pts("small_reads")
     for phase in ("cold", "warm"):
-        p = sr.get(f"lakefs_uring_{phase}")
-        if p:
-            add(p["ratio"] >= 0.9, f"small-file reads {phase} >= 90 % of raw GET: "
-                f"{p['median']:.0f} files/s = {100 * p['ratio']:.0f} %")
-        else:
-            add(False, f"small-file reads {phase} >= 90 % of raw GET: no measurement")
+        at_least(sr.get(f"lakefs_uring_{phase}"), 0.9,
+                 f"small-file reads {phase} >= 90 % of raw GET", "{:.0f} files/s")
     listing = [x for x in results.get("anomalies", []) if "lakefs" in x]
     add(not listing, "small files: listing complete right after create + flush" +
         (f": {listing[0]}" if listing else ""))
