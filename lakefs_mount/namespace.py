@@ -113,6 +113,7 @@ class Namespace:
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
         self.inodes: dict[int, Inode] = {ROOT_INO: root}
+        self._listings: dict[int, trio.Event] = {}  # directories being listed right now
 
     # -- paths and keys ---------------------------------------------------------------
 
@@ -200,9 +201,26 @@ class Namespace:
         return cf
 
     async def ensure_listed(self, dir_inode: Inode, force: bool = False) -> None:
-        """Merge the S3 listing of a directory into its children, at most once per TTL."""
+        """Merge the S3 listing of a directory into its children, at most once per TTL.
+
+        Lookups that find the directory being listed wait for that listing and take its
+        outcome instead of sending their own (8 readers opening files of a new directory
+        sent 8 listings); a forced listing must start after the call, so it waits its turn.
+        """
+        while (running := self._listings.get(dir_inode.ino)) is not None:
+            await running.wait()
+            if not force and dir_inode.listed_at:
+                return
         if not force and dir_inode.listed_at and time.monotonic() - dir_inode.listed_at < self.ttl:
             return
+        self._listings[dir_inode.ino] = done = trio.Event()
+        try:
+            await self._list(dir_inode)
+        finally:
+            del self._listings[dir_inode.ino]
+            done.set()
+
+    async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)
         try:
             # What was local when the listing started stays, even if its commit lands while

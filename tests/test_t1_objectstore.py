@@ -106,6 +106,9 @@ def test_list_dir_prefixes_and_markers(store: ObjectStore) -> None:
     assert sorted(o.key for o in a.objects) == ["a/1", "a/2"]
     assert sorted(a.prefixes) == ["a/marker/", "a/sub/"]
     assert all(o.size == 1 and o.etag == _md5(b"d") for o in a.objects)
+    head = store.head("a/1")
+    assert head is not None and abs(a.objects[0].mtime - head.mtime) < 2
+    assert abs(a.objects[0].mtime - time.time()) < 300
 
     sub = store.list_dir("a/sub/")
     assert sorted(o.key for o in sub.objects) == ["a/sub/x", "a/sub/y"]
@@ -341,6 +344,11 @@ def test_keys_that_need_escaping_are_signed_and_read_back(s3_auth_server: Embedd
         assert store.get_range(key, 10, 20) == body[10:20]
     listed = {o.key for o in store.list_recursive("")}
     assert set(keys) <= listed
+    root = store.list_dir("")
+    assert {"dir with space/", "ünï/"} <= set(root.prefixes)
+    assert {o.key for o in store.list_dir("ünï/").objects} == {"ünï/cödé ✓.pt"}
+    assert {o.key for o in store.list_dir("dir with space/").objects} == {
+        "dir with space/a b.bin"}
 
 
 def test_a_body_cut_short_is_an_error_not_short_data(fault_proxy: FaultProxy,

@@ -168,6 +168,28 @@ def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per
     assert after.get("lists", 0) - before.get("lists", 0) >= 1
 
 
+def test_readers_revalidating_a_directory_share_one_listing(mount_factory, s3,
+                                                           fault_proxy):
+    """After the TTL every lookup in a directory needs its listing again: the ones that
+    arrive while it is under way wait for it instead of each sending the same LIST."""
+    bodies = {f"shared/f{i}.bin": random.randbytes(2000 + i) for i in range(8)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory("--metadata-ttl", "0.5", endpoint_url=fault_proxy.endpoint_url)
+
+    def read_all() -> dict[str, bytes]:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            return dict(zip(bodies, pool.map(lambda k: (m.path / k).read_bytes(), bodies)))
+
+    assert read_all() == bodies
+    time.sleep(1.5)  # past the TTL and the kernel's entry and attribute timeouts
+    before = m.counters().get("lists", 0)
+    fault_proxy.delay_seconds = 0.3  # the LIST is still under way when all 8 look up
+    assert read_all() == bodies
+    fault_proxy.delay_seconds = 0
+    assert m.counters().get("lists", 0) - before <= 2  # "shared/" and perhaps the root
+
+
 def test_a_small_file_comes_with_its_open_and_stays_coherent(mount_factory, s3):
     """A small file opened for reading, with all its bytes cached, goes into the kernel's
     page cache with the open (its first read costs no request); a version written
