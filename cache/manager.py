@@ -30,6 +30,7 @@ from lakefs_mount.cache.cachefile import (
 from lakefs_mount.cache.journal import AsyncJournal, PendingFile
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
+from lakefs_mount.objectstore import ObjectInfo
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine, write_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -355,16 +356,39 @@ class CacheManager:
             return start, start
         return start, max(start, min(end, cf.base_size))
 
-    async def adopt_small_object(self, cf: CachedFile, etag: str, body: bytes) -> None:
-        """A small object fetched whole at lookup: its bytes become the cached chunk 0
-        (through the same path as a fetch), so the read that follows sends no GET."""
-        if (cf.pending or cf.base_etag != etag
-                or not len(body) == cf.base_size <= self.parts.chunk_range(0)[1]):
-            return
+    async def fetch_small_object(self, cf: CachedFile) -> ObjectInfo | None:
+        """GET a small object whole at lookup (its open usually follows), for its metadata
+        and its bytes: they go into the cache file as chunk 0 from the GET's own thread,
+        so the read that follows sends no GET and the loop never handles the bytes."""
+        expected = cf.base_size
+        if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
+                or not 0 < expected <= self.parts.chunk_range(0)[1]):
+            return await self.store.head(cf.key)
+        done = trio.Event()
+        cf.fetching[0] = done  # writers of chunk 0 wait, as for any fetch
         try:
-            await self._ensure_chunk(cf, 0, fetched=body)
-        except OSError as exc:  # e.g. a full cache disk: the read will fetch it again
-            log.debug("not caching %s at lookup: %s", cf.key, exc)
+            async with self._fetch_slots, self._io(cf) as fd:
+                def keep(body: bytes) -> bool:  # in the GET's thread
+                    if len(body) != expected:
+                        return False  # changed in S3: the read fetches what it needs
+                    try:
+                        write_on_this_thread(fd, body, 0)
+                    except OSError as exc:  # e.g. a full cache disk: the read fetches it
+                        log.debug("not caching %s at lookup: %s", cf.key, exc)
+                        return False
+                    return True
+
+                got = await self.store.get_whole(cf.key, keep)
+            if got is None:
+                return None
+            info, kept = got
+            if kept and info.etag == cf.base_etag and not cf.pending and cf.fid is not None:
+                self.journal.note_clean_later(cf.fid, cf.base_key, info.etag, expected, [0])
+                self._new_chunk(cf, 0)
+            return info
+        finally:
+            del cf.fetching[0]
+            done.set()
 
     async def _ensure_chunk(self, cf: CachedFile, idx: int, fetched: bytes | None = None) -> None:
         """Make chunk `idx` readable from the cache file, fetching it from S3 if needed

@@ -98,11 +98,18 @@ class AsyncStore:
         self.metrics[m.LISTS] += 1
         return await self.call(collect)
 
-    async def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
+    async def get_whole(self, key: str, keep: Callable[[bytes], bool]
+                        ) -> tuple[ObjectInfo, bool] | None:
+        """GET a whole object and hand its body to `keep` in the same worker thread (no
+        hop back to the loop for the bytes); returns its info and what `keep` said."""
+        def fetch() -> tuple[ObjectInfo, bool] | None:
+            got = self.sync.get(key)
+            return None if got is None else (got[0], keep(got[1]))
+
         self.metrics[m.GETS] += 1
-        got = await self.call(self.sync.get, key)  # a lookup: fails as fast as a HEAD
+        got = await self.call(fetch)  # a lookup: fails as fast as a HEAD
         if got is not None:
-            self.metrics[m.BYTES_DOWNLOADED] += len(got[1])
+            self.metrics[m.BYTES_DOWNLOADED] += got[0].size
         return got
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:

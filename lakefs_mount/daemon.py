@@ -129,7 +129,7 @@ class Daemon:
                 await nursery.start(self.flusher.run)
                 self.ns.on_remote_file = self.cache.adopt_warm
                 self.ns.on_remote_change = self.cache.invalidate
-                self.ns.on_small_object = self.cache.adopt_small_object
+                self.ns.fetch_small_object = self.cache.fetch_small_object
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:

@@ -107,8 +107,9 @@ class Namespace:
         self.on_remote_file: Callable[[CachedFile], None] = lambda cf: None
         # Called before a file's base moves to a new version: its cached chunks are void.
         self.on_remote_change: Callable[[CachedFile], None] = lambda cf: cf.chunks.clear()
-        # Given the bytes of a small object fetched at lookup, after its metadata applied.
-        self.on_small_object: Callable[[CachedFile, str, bytes], Awaitable[None]] | None = None
+        # GETs a small object whole at lookup, its bytes into the cache: its HEAD and the
+        # read that follows in one request (None: it does not exist).
+        self.fetch_small_object: Callable[[CachedFile], Awaitable[ObjectInfo | None]] | None = None
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -297,22 +298,16 @@ class Namespace:
         cf = inode.file
         if inode.headed or cf is None:
             return
-        small = (with_body and not cf.pending
+        small = (with_body and self.fetch_small_object is not None and not cf.pending
                  and not cf.chunks  # a warm cache already holds it: HEAD is enough
                  and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX)
-        adopt = self.on_small_object if small else None
-        body: bytes | None = None
-        if adopt is None:
-            info = await self.store.head(cf.key)
+        if small and self.fetch_small_object is not None:
+            info = await self.fetch_small_object(cf)
         else:
-            got = await self.store.get(cf.key)
-            info, body = got if got is not None else (None, None)
+            info = await self.store.head(cf.key)
         inode.headed = True
-        if info is None:
-            return
-        self.apply_metadata(inode, info)
-        if adopt is not None and body is not None and inode.kind is Kind.FILE:
-            await adopt(cf, info.etag, body)
+        if info is not None:
+            self.apply_metadata(inode, info)
 
     async def ensure_children_headed(self, dir_inode: Inode) -> None:
         """HEAD the listed files of a directory before readdir hands out their attributes.

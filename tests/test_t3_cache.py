@@ -272,6 +272,38 @@ def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
     run(body)
 
 
+def test_a_small_object_fetched_at_lookup_is_cached_only_if_it_is_the_listed_version(
+        tmp_path):
+    """The GET at lookup writes the bytes in its own thread; they count as the cached
+    chunk only when size and ETag are those the listing gave (else the read fetches)."""
+    store = MemoryObjectStore()
+    listed = {name: store.put(name, b"x" * 1000, {}) for name in ("same", "resized", "edited")}
+    store.put("resized", b"y" * 2000, {})  # changed in S3 after the listing
+    store.put("edited", b"z" * 1000, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            for name, etag in listed.items():
+                cf = c.new_file(name)
+                cf.size = cf.base_size = 1000
+                cf.base_key, cf.base_etag = name, etag
+                info = await c.cache.fetch_small_object(cf)
+                assert info is not None and info.etag == store.head(name).etag
+                assert (0 in cf.chunks) == (name == "same")
+            gets = store.calls["get"] + store.calls["get_range"]
+            cf = c.new_file("same")
+            cf.size = cf.base_size = 1000
+            cf.base_key, cf.base_etag = "same", listed["same"]
+            assert await c.cache.fetch_small_object(cf) is not None
+            assert await c.cache.read(cf, 0, 1000) == b"x" * 1000
+            assert store.calls["get"] + store.calls["get_range"] == gets + 1  # no read GET
+            gone = c.new_file("gone")
+            gone.size = gone.base_size = 10
+            gone.base_key, gone.base_etag = "gone", "e"
+            assert await c.cache.fetch_small_object(gone) is None
+    run(body)
+
+
 def test_an_upload_created_but_never_recorded_is_aborted_at_the_next_mount(tmp_path):
     """D5: the intent row written before CreateMultipartUpload finds the hidden upload."""
     store = MemoryObjectStore()

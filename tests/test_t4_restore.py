@@ -179,7 +179,8 @@ def test_readers_revalidating_a_directory_share_one_listing(mount_factory, s3,
 
     def read_all() -> dict[str, bytes]:
         with ThreadPoolExecutor(len(bodies)) as pool:
-            return dict(zip(bodies, pool.map(lambda k: (m.path / k).read_bytes(), bodies)))
+            read = pool.map(lambda k: (m.path / k).read_bytes(), bodies)
+            return dict(zip(bodies, read, strict=True))
 
     assert read_all() == bodies
     time.sleep(1.5)  # past the TTL and the kernel's entry and attribute timeouts
