@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, open_engine, probe_uring
+from lakefs_mount.uring.nowait import read_nowait
 
 ENGINES = ["uring", "threads"]
 MiB = 1 << 20
@@ -83,6 +84,25 @@ def test_eof(kind, fd):
         assert await e.read(fd, 10, 1000) == b""
         assert await e.read(fd, 100, 7) == b"789"
         assert await e.read(fd, 0, 0) == b""
+
+    run(kind, body)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_reads_the_page_cache_holds_inline_and_the_rest_from_disk(kind, fd):
+    """What is cached comes inline (no request); what is not is read by the engine."""
+    data = os.urandom(4 * MiB)
+    os.pwrite(fd, data, 0)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+    assert read_nowait(fd, MiB, 0)[2] < MiB
+    os.pread(fd, MiB, MiB)  # cache the second MiB only
+    assert read_nowait(fd, MiB, MiB)[2] == MiB
+
+    async def body(e):
+        assert await e.read(fd, 2 * MiB, MiB) == data[MiB:3 * MiB]  # cached, then not
+        assert await e.read(fd, 4 * MiB, 0) == data
+        assert await e.read(fd, 2 * MiB, 3 * MiB) == data[3 * MiB:]  # cached up to EOF
 
     run(kind, body)
 

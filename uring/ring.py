@@ -18,7 +18,7 @@ from typing import Any
 import outcome
 import trio
 
-from lakefs_mount.uring._buffers import Pin, new_bytes
+from lakefs_mount.uring._buffers import Pin
 from lakefs_mount.uring._sys import (
     IORING_FSYNC_DATASYNC,
     OP_ASYNC_CANCEL,
@@ -28,6 +28,7 @@ from lakefs_mount.uring._sys import (
     OP_WRITE,
     RawRing,
 )
+from lakefs_mount.uring.nowait import read_nowait
 
 MAX_RW = 1 << 30  # sqe->len is 32-bit and Linux caps one read/write near 2 GiB anyway
 _CANCEL_TAG = 1 << 63  # user_data of our own async-cancel requests: nobody waits on them
@@ -120,8 +121,9 @@ class UringEngine:
         if size <= 0:
             await trio.lowlevel.checkpoint()
             return b""
-        buf, address = new_bytes(size)
-        got = 0
+        buf, address, got = read_nowait(fd, size, offset)
+        if got == size:  # still a checkpoint, as every engine call: others get their turn
+            await trio.lowlevel.checkpoint()
         while got < size:
             n = min(size - got, MAX_RW)
             res = await self._call((OP_READ, fd, offset + got, address + got, n, 0), buf)

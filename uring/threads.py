@@ -12,6 +12,8 @@ import os
 
 import trio
 
+from lakefs_mount.uring.nowait import read_nowait
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _fallocate = getattr(_libc, "fallocate64", None) or _libc.fallocate
 _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
@@ -75,7 +77,13 @@ class ThreadEngine:
         if size <= 0:
             await trio.lowlevel.checkpoint()
             return b""
-        return await trio.to_thread.run_sync(_pread_upto, fd, size, offset, limiter=self._limiter)
+        buf, _, got = read_nowait(fd, size, offset)
+        if got == size:  # still a checkpoint, as every engine call: others get their turn
+            await trio.lowlevel.checkpoint()
+            return buf
+        rest = await trio.to_thread.run_sync(_pread_upto, fd, size - got, offset + got,
+                                             limiter=self._limiter)
+        return buf[:got] + rest if got else rest
 
     async def fsync(self, fd: int, datasync: bool = False) -> None:
         """fsync(2) or fdatasync(2)."""
