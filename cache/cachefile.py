@@ -33,6 +33,7 @@ class Chunk:
     gen: int = 0  # bumped by every write; an upload counts only if gen did not move
     etag: str | None = None
     length: int = 0  # bytes the uploaded part holds
+    held: int = 0  # bytes of the file in this chunk, as counted by the budgets
     settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
 
 

@@ -93,11 +93,12 @@ class CacheManager:
         cf.fid = entry.fid
         self.files[entry.fid] = cf
         for idx in entry.chunks:
+            held = self.parts.held_bytes(idx, entry.size)  # as the warm cache counted it
             if idx < self.parts.chunk_count(cf.size):
-                cf.chunks[idx] = Chunk(ChunkState.CLEAN)
-                self.budget.clean((cf, idx), self._chunk_bytes(idx))
+                cf.chunks[idx] = Chunk(ChunkState.CLEAN, held=held)
+                self.budget.clean((cf, idx), held)
             else:
-                self.budget.removed(self._chunk_bytes(idx))
+                self.budget.removed(held)
 
     def _forget_cached_later(self, cf: CachedFile) -> None:
         if cf.fid is not None and self._nursery is not None:
@@ -223,11 +224,29 @@ class CacheManager:
     def _new_chunk(self, cf: CachedFile, idx: int) -> Chunk:
         ch = cf.chunks.get(idx)
         if ch is None:
-            ch = cf.chunks[idx] = Chunk(ChunkState.CLEAN)
-            self.budget.added(self._chunk_bytes(idx))
-            self.budget.clean((cf, idx), self._chunk_bytes(idx))
+            ch = cf.chunks[idx] = Chunk(ChunkState.CLEAN, held=self._held(cf, idx))
+            self.budget.added(ch.held)
+            self.budget.clean((cf, idx), ch.held)
             self._maybe_evict()
         return ch
+
+    def _held(self, cf: CachedFile, idx: int) -> int:
+        return self.parts.held_bytes(idx, max(cf.size, cf.base_size))
+
+    def _grow_held(self, cf: CachedFile, indices: range) -> None:
+        """The file grew into these chunks: their new bytes count against the budgets."""
+        for idx in indices:
+            ch = cf.chunks.get(idx)
+            held = self._held(cf, idx)
+            if ch is None or held <= ch.held:
+                continue
+            delta, ch.held = held - ch.held, held
+            self.budget.added(delta)
+            if ch.state in DIRTY_STATES:
+                self._account(delta)
+            elif ch.state is ChunkState.CLEAN:
+                self.budget.clean((cf, idx), held)
+        self._maybe_evict()
 
     def _remove_chunk(self, cf: CachedFile, idx: int) -> None:
         ch = cf.chunks.get(idx)
@@ -236,7 +255,7 @@ class CacheManager:
         self.set_state(cf, ch, idx, ChunkState.CLEAN)
         del cf.chunks[idx]
         self.budget.not_clean((cf, idx))
-        self.budget.removed(self._chunk_bytes(idx))
+        self.budget.removed(ch.held)
 
     def invalidate(self, cf: CachedFile) -> None:
         """The object changed in S3: cached clean bytes of the old version are void."""
@@ -270,7 +289,7 @@ class CacheManager:
                 self.budget.not_clean((cf, idx))
                 continue
             await self._punch(cf, idx)
-            freed += self._chunk_bytes(idx)
+            freed += ch.held
         return freed
 
     async def _punch(self, cf: CachedFile, idx: int) -> None:
@@ -450,6 +469,7 @@ class CacheManager:
             cf.chunks[idx].gen += 1
         if end > cf.size:
             cf.size = end
+            self._grow_held(cf, touched)
         cf.version += 1
         first = touched[0]
         if first > 0:
@@ -530,6 +550,8 @@ class CacheManager:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
         cf.size = size
+        if size > old:
+            self._grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
 
     def set_state(self, cf: CachedFile, ch: Chunk, idx: int, state: ChunkState) -> None:
@@ -538,13 +560,13 @@ class CacheManager:
         ch.state = state
         ref = (cf, idx)
         if state is ChunkState.CLEAN:
-            self.budget.clean(ref, self._chunk_bytes(idx))
+            self.budget.clean(ref, ch.held)
         else:
             self.budget.not_clean(ref)
         if state is not ChunkState.UPLOADED:
             ch.etag = None
         if was_dirty != dirty:
-            self._account(self._chunk_bytes(idx) if dirty else -self._chunk_bytes(idx))
+            self._account(ch.held if dirty else -ch.held)
 
     async def _mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None) -> None:
         """Journal the chunks as dirty before the write that touches them is acknowledged."""
@@ -640,6 +662,7 @@ class CacheManager:
         assert cf.fid is not None
         self.files[cf.fid] = cf
         for idx, ch in cf.chunks.items():
-            self.budget.added(self._chunk_bytes(idx))
+            ch.held = self._held(cf, idx)
+            self.budget.added(ch.held)
             if ch.state in DIRTY_STATES:
-                self._account(self._chunk_bytes(idx))
+                self._account(ch.held)

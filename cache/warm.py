@@ -28,7 +28,7 @@ class WarmCache:
         self.entries: dict[str, WarmFile] = {}
 
     def _bytes(self, entry: WarmFile) -> int:
-        return sum(end - start for start, end in map(self.parts.chunk_range, entry.chunks))
+        return sum(self.parts.held_bytes(idx, entry.size) for idx in entry.chunks)
 
     async def load(self, data_dir: Path) -> None:
         """Take stock of the cache directory: keep what the journal knows, drop the rest."""

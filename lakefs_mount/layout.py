@@ -66,6 +66,13 @@ class PartMap:
         """How many chunks a file of `size` bytes spans (0 for an empty file)."""
         return 0 if size <= 0 else self.chunk_of(size - 1) + 1
 
+    def held_bytes(self, index: int, size: int) -> int:
+        """Bytes of chunk `index` inside a file of `size` bytes: what a cached chunk takes
+        on disk and counts against the cache and dirty budgets (a 100 KiB file is not a
+        whole chunk)."""
+        start, end = self.chunk_range(index)
+        return max(0, min(end, size) - start)
+
     def chunks_between(self, start: int, end: int) -> range:
         """Chunk indices touched by bytes [start, end)."""
         if end <= start:

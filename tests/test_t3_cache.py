@@ -248,6 +248,56 @@ def test_reading_4x_the_cache_size_stays_within_it_and_reads_right(tmp_path):
     run(body)
 
 
+def _held_by_chunks(c: Core, files: list[CachedFile]) -> int:
+    return sum(ch.held for cf in files for ch in cf.chunks.values())
+
+
+def test_small_files_count_their_bytes_not_whole_chunks_against_the_cache(tmp_path):
+    """A training set of 100 KiB objects fits a cache of that size: each file counts
+    what it holds, not a whole chunk (which let a 64 GiB cache keep 4,096 of them)."""
+    store = MemoryObjectStore()
+    bodies = {f"train/f{i}": random.randbytes(100_000 + i) for i in range(300)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+    total = sum(map(len, bodies.values()))  # ~29 MiB: less than 4 chunks of 8 MiB
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
+            files = []
+            for key, data in bodies.items():
+                cf = c.new_file(key)
+                cf.size = cf.base_size = len(data)
+                cf.base_key = key
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+            gets = store.calls["get_range"]
+            for cf in files:  # a second epoch: all of it still cached
+                assert await c.cache.read(cf, 0, cf.size) == bodies[cf.key]
+            assert store.calls["get_range"] == gets
+            assert c.cache.metrics[m.CACHE_EVICTIONS] == 0
+            assert c.cache.budget.used == total == _held_by_chunks(c, files)
+    run(body)
+
+
+def test_dirty_bytes_count_what_was_written_as_the_file_grows(tmp_path):
+    """--max-dirty is about bytes: many small pending files do not make writers wait,
+    and a file written in small pieces counts exactly its size until it is uploaded."""
+    async def body() -> None:
+        async with core(tmp_path, max_dirty=2 * PART, cache_size=4 * PART) as c:
+            small = [await c.write_file(f"s{i}", random.randbytes(10_000)) for i in range(50)]
+            grown = await c.write_file("grown", random.randbytes(3 * MiB + 5), block=4096)
+            files = [*small, grown]
+            assert c.cache.dirty_bytes == 50 * 10_000 + 3 * MiB + 5
+            assert c.cache.metrics[m.WRITER_WAITS] == 0
+            await c.cache.truncate(grown, PART + 10)  # grows into a second chunk
+            assert c.cache.budget.used == _held_by_chunks(c, files)
+            for cf in files:
+                await c.close_and_flush(cf)
+            assert c.cache.dirty_bytes == 0
+            assert c.cache.budget.used == _held_by_chunks(c, files) == 50 * 10_000 + PART + 10
+    run(body)
+
+
 def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
     store = MemoryObjectStore()
     data = random.randbytes(PART)

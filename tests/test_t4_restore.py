@@ -145,6 +145,25 @@ def test_a_small_object_opened_by_name_costs_one_get_and_no_head(mount_factory, 
     assert m.counters().get("gets", 0) == 0
 
 
+def test_a_training_set_that_fits_the_cache_size_stays_cached_across_a_remount(
+        mount_factory, s3):
+    """--cache-size counts the bytes small files hold: 5 MB of 50 KB objects fit a 16 MiB
+    cache (counted as whole 16 MiB chunks, one file at a time fitted and the rest were
+    evicted), so the next epoch, even after a remount, sends no GET."""
+    bodies = {f"set/f{i:03d}.bin": random.randbytes(50_000 + i) for i in range(100)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory("--cache-size", "16M", "--max-dirty", "16M")
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    assert m.counters().get("cache_evictions", 0) == 0
+    assert m.unmount().returncode == 0
+    m.start()
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    assert m.counters().get("gets", 0) == 0
+
+
 def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per_open(
         mount_factory, s3):
     """Training epochs: once the TTL has passed, the lookup's LIST of the directory confirms
