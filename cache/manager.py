@@ -152,8 +152,18 @@ class CacheManager:
             upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink)
 
     async def new_file(self, cf: CachedFile) -> None:
-        """A file created through the mount: pending until its first commit."""
-        await self._ensure_journalled(cf)
+        """A file created through the mount: pending until its first commit.
+
+        A regular file's first chunk is journalled dirty with its row, in one transaction:
+        its bytes can only come from the cache file anyway, and its first write then needs
+        no journal round trip of its own (small files: one per file less).
+        """
+        if cf.symlink is not None:
+            await self._ensure_journalled(cf)
+            return
+        await self._ensure_fd(cf)
+        cf.in_journal = True  # the intent writes the file's row
+        await self._mark_dirty(cf, [0], None)
 
     async def save_attrs(self, cf: CachedFile) -> None:
         """Attributes or size changed: the next commit writes them."""

@@ -98,6 +98,25 @@ def test_flush_progress_counts_the_bytes_of_the_file_not_whole_chunks(tmp_path):
     run(body)
 
 
+def test_a_new_file_and_its_first_write_cost_one_journal_intent(tmp_path):
+    """create() journals the file with its first chunk dirty; writes into that chunk are
+    covered by it (the journal round trip was half the cost of a small file)."""
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            intents: list[list[int]] = []
+            mark_dirty = c.journal.mark_dirty
+            c.journal.mark_dirty = lambda rec, idx: (intents.append(idx), mark_dirty(rec, idx))
+            cf = await c.write_file("small", random.randbytes(64 * 1024), block=4096)
+            assert intents == [[0]]
+            assert [p.fid for p in c.journal.pending_files()] == [cf.fid]
+            await c.write_file("two-chunks", random.randbytes(PART + 1))
+            assert intents == [[0], [0], [1]]
+            await c.close_and_flush(cf)
+            assert c.store.get("small") is not None
+            assert cf.fid not in [p.fid for p in c.journal.pending_files()]
+    run(body)
+
+
 def test_full_chunks_stream_as_parts_before_close(tmp_path):
     async def body() -> None:
         async with core(tmp_path) as c:
