@@ -431,12 +431,11 @@ class Flusher:
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
-                                  cf.key, size, seen_gen)
+                                  cf.key, size, seen_gen, self.cache.clean_note(cf))
         # An intent that raced with finish_commit kept (or re-created) the row.
         cf.in_journal = kept or cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         cf.committed_version = version
-        await self.cache.note_clean_after_commit(cf)
         self.metrics[m.FILES_COMMITTED] += 1
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
 

@@ -27,7 +27,7 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
-from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
 from lakefs_mount.objectstore import ObjectInfo
@@ -104,13 +104,13 @@ class CacheManager:
         if cf.fid is not None and self._nursery is not None:
             self._nursery.start_soon(self.journal, self.journal.sync.forget_cached, cf.fid)
 
-    async def note_clean_after_commit(self, cf: CachedFile) -> None:
-        """The committed object is the new base: every clean cached chunk belongs to it."""
+    def clean_note(self, cf: CachedFile) -> CleanNote | None:
+        """The committed object is the new base: every clean cached chunk belongs to it
+        (what the journal notes for the warm cache, with the commit)."""
         if cf.fid is None or cf.base_key is None or cf.base_etag is None:
-            return
+            return None
         clean = [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]
-        await self.journal(self.journal.sync.note_clean, cf.fid, cf.base_key, cf.base_etag,
-                           cf.base_size, clean, True)
+        return cf.fid, cf.base_key, cf.base_etag, cf.base_size, clean
 
     # -- cache files ------------------------------------------------------------------
 

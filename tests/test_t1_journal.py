@@ -45,10 +45,13 @@ def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
     assert j.chunks(rec.fid) == {0: (CHUNK_UPLOADED, "e0"), 1: (CHUNK_DIRTY, None)}
     j.mark_uploaded(rec.fid, 1, "e1")
     j.end_upload("U1")
+    j.note_clean(rec.fid, "a", "old-etag", 3, [0, 1, 2])  # what the file was based on
     assert not j.finish_commit(rec.fid, [0, 1], keep_file=False, base_key="a", base_size=5,
-                               seen_gen=0)
+                               seen_gen=0, clean=(rec.fid, "a", "new-etag", 5, [0, 1]))
     assert j.pending_files() == [] and j.chunks(rec.fid) == {}
     assert j.orphan_uploads() == []
+    warm = j.warm_files()["a"]  # the warm cache learnt the new object with the commit
+    assert (warm.etag, warm.size, warm.chunks) == ("new-etag", 5, [0, 1])
 
 
 def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
