@@ -331,9 +331,11 @@ class Journal:
         self._conn.execute("DELETE FROM clean_chunks WHERE fid=?", (fid,))
         self._note_clean(fid, key, etag, size, indices)
 
-    def drop_clean(self, fid: int, indices: list[int]) -> None:
-        self._conn.executemany("DELETE FROM clean_chunks WHERE fid=? AND idx=?",
-                               [(fid, i) for i in indices])
+    def drop_clean_many(self, chunks: list[tuple[int, int]]) -> None:
+        """Evicted chunks, (fid, idx) pairs of any files, in one transaction."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.executemany("DELETE FROM clean_chunks WHERE fid=? AND idx=?", chunks)
 
     def forget_cached(self, fid: int) -> None:
         with self._conn:

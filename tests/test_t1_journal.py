@@ -108,8 +108,9 @@ def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_pat
     assert warm["k"].chunks == [0, 2, 3] and warm["k"].etag == "etag1"
     j.note_clean(7, "k", "etag2", 50, [1], replace=True)
     assert j.warm_files()["k"].chunks == [1]
-    j.drop_clean(7, [1])
+    j.drop_clean_many([(7, 1), (pending.fid, 0)])
     assert j.warm_files()["k"].chunks == []
+    assert j.db.execute("SELECT COUNT(*) FROM clean_chunks").fetchone()[0] == 0
     assert j.known_fids() == {7, pending.fid}
     j.forget_cached(7)
     assert j.warm_files() == {}
@@ -134,7 +135,7 @@ def test_notes_of_fetched_chunks_go_in_with_the_next_call_in_call_order(tmp_path
         j.note_clean_later(7, "k", "e", 100, [0, 1])
         j.note_clean_later(8, "m", "e", 10, [0])
         assert j.sync.warm_files() == {}  # no thread hop, no transaction yet
-        await j(j.sync.drop_clean, 7, [1])  # a later drop is not undone by the note
+        await j(j.sync.drop_clean_many, [(7, 1)])  # a later drop is not undone by the note
         warm = j.sync.warm_files()
         assert warm["k"].chunks == [0] and warm["m"].chunks == [0]
         j.note_clean_later(9, "n", "e", 10, [0])

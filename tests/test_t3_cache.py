@@ -298,6 +298,37 @@ def test_small_files_count_their_bytes_not_whole_chunks_against_the_cache(tmp_pa
     run(body)
 
 
+def test_a_training_set_larger_than_the_cache_is_evicted_in_batches(tmp_path):
+    """Eviction frees many small chunks with one journal transaction, not one each, and
+    the cache ends within its budget with every read right."""
+    store = MemoryObjectStore()
+    bodies = {f"big-set/f{i}": random.randbytes(60_000 + i) for i in range(400)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * MiB, max_dirty=2 * MiB) as c:
+            batches: list[int] = []
+            drop = c.journal.drop_clean_many
+            c.journal.drop_clean_many = lambda chunks: (batches.append(len(chunks)),
+                                                        drop(chunks))
+            files = []
+            for key, data in bodies.items():  # 24 MB through a 4 MiB cache
+                cf = c.new_file(key)
+                cf.size = cf.base_size = len(data)
+                cf.base_key = key
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+            await trio.sleep(0.2)
+            evicted = c.cache.metrics[m.CACHE_EVICTIONS]
+            assert evicted >= 300 and sum(batches) == evicted
+            assert len(batches) < evicted // 4  # was one transaction per chunk
+            assert c.cache.budget.used == _held_by_chunks(c, files) <= 4 * MiB
+            for cf in files[-10:]:  # the newest are still cached
+                assert 0 in cf.chunks
+    run(body)
+
+
 def test_dirty_bytes_count_what_was_written_as_the_file_grows(tmp_path):
     """--max-dirty is about bytes: many small pending files do not make writers wait,
     and a file written in small pieces counts exactly its size until it is uploaded."""
