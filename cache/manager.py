@@ -438,9 +438,8 @@ class CacheManager:
             del cf.fetching[0]
             done.set()
 
-    async def _ensure_chunk(self, cf: CachedFile, idx: int, fetched: bytes | None = None) -> None:
-        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed
-        (or writing `fetched`, its bytes already at hand)."""
+    async def _ensure_chunk(self, cf: CachedFile, idx: int) -> None:
+        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed."""
         while True:
             if idx in cf.chunks:
                 return
@@ -460,10 +459,7 @@ class CacheManager:
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
                     write_on_this_thread(fd, piece, offset)
 
-                if fetched is not None:
-                    await self.engine.write(fd, fetched, start)
-                else:
-                    await self.store.get_range_into(cf.base_key, start, end, write_piece)
+                await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:
                 self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag,
                                               cf.base_size, [idx])

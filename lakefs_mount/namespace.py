@@ -298,11 +298,11 @@ class Namespace:
         cf = inode.file
         if inode.headed or cf is None:
             return
-        small = (with_body and self.fetch_small_object is not None and not cf.pending
-                 and not cf.chunks  # a warm cache already holds it: HEAD is enough
-                 and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX)
-        if small and self.fetch_small_object is not None:
-            info = await self.fetch_small_object(cf)
+        fetch = self.fetch_small_object
+        if (fetch is not None and with_body and not cf.pending
+                and not cf.chunks  # a warm cache already holds it: HEAD is enough
+                and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
+            info = await fetch(cf)
         else:
             info = await self.store.head(cf.key)
         inode.headed = True
