@@ -152,7 +152,7 @@ class Flusher:
 
     def progress(self, files: list[CachedFile]) -> FlushProgress:
         bytes_left = sum(  # not yet sent; uploaded parts only wait for their Complete
-            max(0, min(self.parts.chunk_range(i)[1], cf.size) - self.parts.chunk_range(i)[0])
+            self.parts.held_bytes(i, cf.size)
             for cf in files for i, c in cf.chunks.items() if c.state in DIRTY_STATES)
         errors = [cf.last_error for cf in files if cf.error_streak]
         return FlushProgress(len(files), bytes_left, errors[0] if errors else None)

@@ -246,18 +246,20 @@ class CacheManager:
 
     def _grow_held(self, cf: CachedFile, indices: range) -> None:
         """The file grew into these chunks: their new bytes count against the budgets."""
+        grew = False
         for idx in indices:
             ch = cf.chunks.get(idx)
-            held = self._held(cf, idx)
+            held = self._held(cf, idx) if ch is not None else 0
             if ch is None or held <= ch.held:
                 continue
-            delta, ch.held = held - ch.held, held
+            delta, ch.held, grew = held - ch.held, held, True
             self.budget.added(delta)
             if ch.state in DIRTY_STATES:
                 self._account(delta)
             elif ch.state is ChunkState.CLEAN:
                 self.budget.clean((cf, idx), held)
-        self._maybe_evict()
+        if grew:
+            self._maybe_evict()
 
     def _remove_chunk(self, cf: CachedFile, idx: int) -> None:
         ch = cf.chunks.get(idx)
@@ -412,9 +414,7 @@ class CacheManager:
         if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
                 or not 0 < expected <= self.parts.chunk_range(0)[1]):
             return await self.store.head(cf.key)
-        done = trio.Event()
-        cf.fetching[0] = done  # writers of chunk 0 wait, as for any fetch
-        try:
+        with self._fetching(cf, 0):  # writers of chunk 0 wait, as for any fetch
             async with self._fetch_slots, self._io(cf) as fd:
                 def keep(body: bytes) -> bool:  # in the GET's thread
                     if len(body) != expected:
@@ -434,9 +434,6 @@ class CacheManager:
                 self.journal.note_clean_later(cf.fid, cf.base_key, info.etag, expected, [0])
                 self._new_chunk(cf, 0)
             return info
-        finally:
-            del cf.fetching[0]
-            done.set()
 
     async def _ensure_chunk(self, cf: CachedFile, idx: int) -> None:
         """Make chunk `idx` readable from the cache file, fetching it from S3 if needed."""
@@ -451,9 +448,7 @@ class CacheManager:
         if end <= start:
             self._new_chunk(cf, idx)  # a hole: zeros in the sparse file
             return
-        done = trio.Event()
-        cf.fetching[idx] = done
-        try:
+        with self._fetching(cf, idx):
             assert cf.base_key is not None
             async with self._fetch_slots, self._io(cf) as fd:
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
@@ -464,6 +459,13 @@ class CacheManager:
                 self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag,
                                               cf.base_size, [idx])
             self._new_chunk(cf, idx)
+
+    @contextmanager
+    def _fetching(self, cf: CachedFile, idx: int) -> Iterator[None]:
+        """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
+        done = cf.fetching[idx] = trio.Event()
+        try:
+            yield
         finally:
             del cf.fetching[idx]
             done.set()

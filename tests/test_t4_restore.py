@@ -17,6 +17,18 @@ MiB = 1024 * 1024
 PART = 8 * MiB
 
 
+def _upload(s3, bodies: dict[str, bytes]) -> None:
+    """Objects made by another tool (boto3), as a training set would be."""
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+
+
+def _assert_reads(m, bodies: dict[str, bytes]) -> None:
+    """Every file reads back through the mount byte for byte, one after the other."""
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+
+
 @pytest.mark.parametrize("size", [0, 1, PART - 1, PART, PART + 1, 5 * PART + 12345])
 def test_objects_made_with_boto3_read_byte_identical(mount_factory, s3, size):
     data = random.randbytes(size)
@@ -128,20 +140,17 @@ def test_a_small_object_opened_by_name_costs_one_get_and_no_head(mount_factory, 
     """Training data: lookup + open + read of a small object is one GET (its metadata comes
     with the body), not a HEAD and then a GET."""
     bodies = {f"train/f{i:03d}.bin": random.randbytes(100 * 1024 + i) for i in range(20)}
-    for key, body in bodies.items():
-        s3.put(key, body, {})
+    _upload(s3, bodies)
     m = mount_factory()
     before = m.counters()
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     after = m.counters()
     assert after.get("heads", 0) - before.get("heads", 0) == 0
     assert after.get("gets", 0) - before.get("gets", 0) == len(bodies)
     # their cache entries reach the journal (batched) before a clean exit: a remount is warm
     assert m.unmount().returncode == 0
     m.start()
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     assert m.counters().get("gets", 0) == 0
 
 
@@ -151,16 +160,13 @@ def test_a_training_set_that_fits_the_cache_size_stays_cached_across_a_remount(
     cache (counted as whole 16 MiB chunks, one file at a time fitted and the rest were
     evicted), so the next epoch, even after a remount, sends no GET."""
     bodies = {f"set/f{i:03d}.bin": random.randbytes(50_000 + i) for i in range(100)}
-    for key, body in bodies.items():
-        s3.put(key, body, {})
+    _upload(s3, bodies)
     m = mount_factory("--cache-size", "16M", "--max-dirty", "16M")
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     assert m.counters().get("cache_evictions", 0) == 0
     assert m.unmount().returncode == 0
     m.start()
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     assert m.counters().get("gets", 0) == 0
 
 
@@ -170,17 +176,14 @@ def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per
     the ETag of every file in it, so reopening them costs no HEAD each (close-to-open
     still holds: a file changed in S3 shows a new ETag in that listing)."""
     bodies = {f"epoch/f{i}.bin": random.randbytes(50_000 + i) for i in range(10)}
-    for key, body in bodies.items():
-        s3.put(key, body, {})
+    _upload(s3, bodies)
     m = mount_factory("--metadata-ttl", "0.5")
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     bodies["epoch/f0.bin"] = b"written elsewhere"
     s3.put("epoch/f0.bin", bodies["epoch/f0.bin"], {})
     time.sleep(1.5)  # past the TTL and the kernel's entry and attribute timeouts
     before = m.counters()
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     after = m.counters()
     assert after.get("heads", 0) - before.get("heads", 0) == 0
     assert after.get("gets", 0) - before.get("gets", 0) == 1  # only the changed file
@@ -192,8 +195,7 @@ def test_readers_revalidating_a_directory_share_one_listing(mount_factory, s3,
     """After the TTL every lookup in a directory needs its listing again: the ones that
     arrive while it is under way wait for it instead of each sending the same LIST."""
     bodies = {f"shared/f{i}.bin": random.randbytes(2000 + i) for i in range(8)}
-    for key, body in bodies.items():
-        s3.put(key, body, {})
+    _upload(s3, bodies)
     m = mount_factory("--metadata-ttl", "0.5", endpoint_url=fault_proxy.endpoint_url)
 
     def read_all() -> dict[str, bytes]:
@@ -215,11 +217,9 @@ def test_a_small_file_comes_with_its_open_and_stays_coherent(mount_factory, s3):
     page cache with the open (its first read costs no request); a version written
     elsewhere replaces it after the TTL, and a writer's bytes replace it at once."""
     bodies = {f"fill/f{i}.bin": random.randbytes(1000 * (i + 1)) for i in range(8)}
-    for key, body in bodies.items():
-        s3.put(key, body, {})
+    _upload(s3, bodies)
     m = mount_factory("--metadata-ttl", "0.5")
-    for key, body in bodies.items():
-        assert (m.path / key).read_bytes() == body
+    _assert_reads(m, bodies)
     assert m.counters().get("page_cache_fills", 0) == len(bodies)
     s3.put("fill/f0.bin", b"new version", {})
     time.sleep(1.5)
