@@ -27,6 +27,7 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
+from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
@@ -44,9 +45,11 @@ NOTES_EVERY = 1.0  # seconds a note of a fetched chunk may wait for the next jou
 class CacheManager:
     def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
-                 max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4) -> None:
+                 max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
+                 open_files: int = 1024) -> None:
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.fds = FdTable(open_files)  # cache files kept open between I/Os
         self.engine = engine
         self.journal = journal
         self.store = store
@@ -129,10 +132,8 @@ class CacheManager:
             if cf.fid is None:  # a concurrent task may have allocated one meanwhile
                 cf.fid = fid
         if cf.fd is None:
-            cf.fd = os.open(self.cache_path(cf.fid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                            0o600)
             self.files[cf.fid] = cf
-        return cf.fd
+        return self.fds.get(cf, str(self.cache_path(cf.fid)))
 
     async def _ensure_journalled(self, cf: CachedFile) -> None:
         """Give the file its row in the journal before any chunk of it is dirty."""
@@ -206,19 +207,15 @@ class CacheManager:
         for idx in list(cf.chunks):
             self._remove_chunk(cf, idx)
         self._forget_cached_later(cf)
-        if cf.fd is not None and cf.io_busy == 0:
-            os.close(cf.fd)
-            cf.fd = None
+        self.fds.close(cf)
         if cf.fid is not None:
             self.files.pop(cf.fid, None)
             self.cache_path(cf.fid).unlink(missing_ok=True)
 
     def release_idle_fd(self, cf: CachedFile) -> None:
         """No handle, no pending data, no I/O: give the descriptor back (fds are bounded)."""
-        if (cf.fd is not None and cf.openers == 0 and not cf.pending and cf.io_busy == 0
-                and not cf.fetching):
-            os.close(cf.fd)
-            cf.fd = None
+        if cf.openers == 0 and not cf.pending and not cf.fetching:
+            self.fds.close(cf)
 
     @asynccontextmanager
     async def _io(self, cf: CachedFile) -> AsyncIterator[int]:

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 1024 * 1024  # a request or response line longer than this is a protocol error
 REQUEST_TIMEOUT = 30.0  # seconds a client may take to send its request line
+# accept() failures that pass (out of descriptors or memory, a client gone): the daemon
+# keeps serving its mount and tries again shortly instead of dying with it mounted.
+TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                           errno.ECONNABORTED}
+ACCEPT_RETRY = 0.1  # seconds
 
 
 class ControlError(Exception):
@@ -134,7 +139,14 @@ async def serve_control(socket_path: Path, handler: ControlHandler, *,
             task_status.started()
             async with trio.open_nursery() as nursery:
                 while True:
-                    conn, _ = await listener.accept()
+                    try:
+                        conn, _ = await listener.accept()
+                    except OSError as exc:
+                        if exc.errno not in TRANSIENT_ACCEPT_ERRORS:
+                            raise
+                        log.warning("control socket: accept failed (%s); retrying", exc)
+                        await trio.sleep(ACCEPT_RETRY)
+                        continue
                     nursery.start_soon(_serve_connection, conn, handler)
         finally:
             _unlink_if_ours(socket_path, bound)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,11 @@ JOURNAL_NAME = "journal.db"
 STARTUP_CONNECT_TIMEOUT = 3.0  # seconds per connection attempt of the start-up bucket check
 STARTUP_READ_TIMEOUT = 15.0
 KERNEL_READ_AHEAD_KIB = 1024  # = the largest FUSE request (see set_kernel_readahead)
+# Cache files kept open at most: half of the descriptors the rest of the daemon (S3
+# connections, the journal, FUSE, the control socket) leaves, within these bounds.
+CACHE_FDS_MIN = 16
+CACHE_FDS_MAX = 4096
+FDS_RESERVED = 256
 EMBEDDED_STOP_GRACE = 5.0  # seconds weed gets to exit on SIGTERM before SIGKILL
 
 
@@ -117,7 +123,8 @@ class Daemon:
             self.cache = CacheManager(config.resolved_cache_dir(), engine, self.journal,
                                       self.store, self.parts, self.metrics,
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
-                                      read_ahead=config.read_ahead)
+                                      read_ahead=config.read_ahead,
+                                      open_files=_cache_fd_budget())
             self.flusher = Flusher(self.cache, config.upload_concurrency,
                                    commit_delay=config.commit_delay)
             owner = (os.getuid(), os.getgid())
@@ -253,6 +260,22 @@ def _disk_usage(directory: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def _cache_fd_budget() -> int:
+    """Raise the soft descriptor limit to the hard one, as servers commonly do (the soft
+    default is often 1,024), and return how many cache files may stay open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.info("descriptor limit stays at %d: %s", soft, exc)
+    if soft == resource.RLIM_INFINITY:
+        return CACHE_FDS_MAX
+    return max(CACHE_FDS_MIN, min(CACHE_FDS_MAX, (soft - FDS_RESERVED) // 2))
 
 
 def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -> int:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import resource
 import shutil
 import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,6 +151,36 @@ def test_garbage_request_does_not_kill_server(server):
     with socket.socket(socket.AF_UNIX) as s:  # connect and hang up at once
         s.connect(str(server.path))
     assert call_socket(server.path, {"op": "status"}, timeout=5)["dirty_bytes"] == 123
+
+
+def test_running_out_of_descriptors_does_not_kill_the_server(server, caplog):
+    """accept() failing with EMFILE is waited out: the daemon must keep serving its mount
+    (it crashed, leaving a dead mount, when a huge training set used up its descriptors)."""
+    caplog.set_level(logging.WARNING, logger="lakefs_mount.control")
+    client = socket.socket(socket.AF_UNIX)  # made while descriptors are still free
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hogs: list[int] = []
+    try:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, limits[1]))
+        with contextlib.suppress(OSError):
+            while True:
+                hogs.append(os.open(os.devnull, os.O_RDONLY))
+        client.connect(str(server.path))  # queued in the backlog; accept() gets EMFILE
+        deadline = time.monotonic() + 5
+        while "accept failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for fd in hogs:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert "Too many open files" in caplog.text
+    with client:
+        client.settimeout(5)
+        client.sendall(b'{"op": "status"}\n')
+        assert b"dirty_bytes" in client.recv(4096)
+    assert server.error is None
+    assert call_socket(server.path, {"op": "status"}, timeout=5)["bucket"] == "b"
 
 
 def test_timeout_keeps_last_progress(server):

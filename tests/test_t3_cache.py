@@ -6,6 +6,7 @@ behaviours are proven end to end through a real mount in tests/test_t4_*.
 
 from __future__ import annotations
 
+import os
 import random
 import stat
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from lakefs_mount import metrics as m
 from lakefs_mount.aiostore import AsyncStore
@@ -43,6 +45,13 @@ class Core:
     def new_file(self, key: str) -> CachedFile:
         return CachedFile(key=key, size=0, mode=stat.S_IFREG | 0o644, uid=0, gid=0, mtime_ns=1)
 
+    def in_s3(self, key: str, size: int, etag: str | None = None) -> CachedFile:
+        """The file of object `key` as a listing shows it: nothing of it cached yet."""
+        cf = self.new_file(key)
+        cf.size = cf.base_size = size
+        cf.base_key, cf.base_etag = key, etag
+        return cf
+
     async def write_file(self, key: str, data: bytes, block: int = MiB) -> CachedFile:
         cf = self.new_file(key)
         await self.cache.new_file(cf)
@@ -59,14 +68,16 @@ class Core:
 
 @asynccontextmanager
 async def core(tmp_path: Path, store: ObjectStore | None = None,
-               max_dirty: int = 1 << 40, cache_size: int = 1 << 40) -> AsyncIterator[Core]:
+               max_dirty: int = 1 << 40, cache_size: int = 1 << 40,
+               commit_delay: float = 0.0, open_files: int = 1024) -> AsyncIterator[Core]:
     store = store or MemoryObjectStore()
     journal = Journal(tmp_path / "journal.db")
     metrics = m.Metrics()
     async with open_engine("threads") as engine, trio.open_nursery() as nursery:
         cache = CacheManager(tmp_path, engine, AsyncJournal(journal), AsyncStore(store, metrics),
-                             PartMap(PART), metrics, max_dirty=max_dirty, cache_size=cache_size)
-        flusher = Flusher(cache, 4)
+                             PartMap(PART), metrics, max_dirty=max_dirty, cache_size=cache_size,
+                             open_files=open_files)
+        flusher = Flusher(cache, 4, commit_delay=commit_delay)
         await nursery.start(cache.run)
         await nursery.start(flusher.run)
         yield Core(cache, flusher, store, journal)
@@ -115,6 +126,50 @@ def test_a_new_file_and_its_first_write_cost_one_journal_intent(tmp_path):
             assert c.store.get("small") is not None
             assert cf.fid not in [p.fid for p in c.journal.pending_files()]
     run(body)
+
+
+def test_a_closed_file_commits_once_its_commit_delay_has_passed_in_due_order(tmp_path):
+    """Commits wait for the delay after the last close (a rename may still come), each
+    file on its own schedule: a later close neither hurries nor holds back an earlier one."""
+    clock = trio.testing.MockClock()  # virtual time moves only when the test jumps it
+
+    async def real_pause() -> None:  # lets real I/O and S3 calls finish; virtual time stands
+        await trio.to_thread.run_sync(time.sleep, 0.2)
+
+    async def body() -> None:
+        async with core(tmp_path, commit_delay=1.0) as c:
+            first = await c.write_file("first", b"1" * 1000)
+            second = await c.write_file("second", b"2" * 1000)
+
+            def close(cf: CachedFile) -> None:
+                cf.writers -= 1
+                c.flusher.request_commit(cf, settle=True)
+
+            def committed() -> set[str]:
+                return {k for k in ("first", "second") if c.store.get(k) is not None}
+
+            close(first)
+            clock.jump(0.5)
+            close(second)
+            await real_pause()
+            clock.jump(0.4)  # 0.9 s after the first close
+            await real_pause()
+            assert committed() == set()
+            clock.jump(0.2)  # 1.1 s after the first close, 0.6 s after the second
+            for _ in range(50):
+                await real_pause()
+                if committed():
+                    break
+            await real_pause()
+            assert committed() == {"first"}
+            clock.jump(0.5)
+            for _ in range(50):
+                await real_pause()
+                if len(committed()) == 2:
+                    break
+            assert committed() == {"first", "second"}
+            assert c.journal.pending_files() == []
+    trio.run(body, clock=clock)
 
 
 def test_full_chunks_stream_as_parts_before_close(tmp_path):
@@ -246,9 +301,7 @@ def test_reading_4x_the_cache_size_stays_within_it_and_reads_right(tmp_path):
 
     async def body() -> None:
         async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
-            cf = c.new_file("big")
-            cf.size = cf.base_size = len(data)
-            cf.base_key = "big"
+            cf = c.in_s3("big", len(data))
             peak = 0
             for off in range(0, len(data), MiB):  # sequential, with readahead
                 assert await c.cache.read(cf, off, MiB) == data[off:off + MiB]
@@ -284,9 +337,7 @@ def test_small_files_count_their_bytes_not_whole_chunks_against_the_cache(tmp_pa
         async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
             files = []
             for key, data in bodies.items():
-                cf = c.new_file(key)
-                cf.size = cf.base_size = len(data)
-                cf.base_key = key
+                cf = c.in_s3(key, len(data))
                 files.append(cf)
                 assert await c.cache.read(cf, 0, len(data)) == data
             gets = store.calls["get_range"]
@@ -295,6 +346,38 @@ def test_small_files_count_their_bytes_not_whole_chunks_against_the_cache(tmp_pa
             assert store.calls["get_range"] == gets
             assert c.cache.metrics[m.CACHE_EVICTIONS] == 0
             assert c.cache.budget.used == total == _held_by_chunks(c, files)
+    run(body)
+
+
+def test_cache_files_kept_open_stay_within_the_descriptor_budget(tmp_path):
+    """Reading more files than the daemon may keep open closes the least recently used
+    idle ones (each file read once kept its descriptor, until EMFILE); files being
+    written keep working across a close and reopen."""
+    store = MemoryObjectStore()
+    bodies = {f"train/f{i}": random.randbytes(1000 + i) for i in range(200)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def body() -> None:
+        async with core(tmp_path, store, open_files=16) as c:
+            before = open_fds()
+            writing = await c.write_file("out/a", b"a" * 5000, block=1000)
+            files = []
+            for key, data in bodies.items():
+                cf = c.in_s3(key, len(data))
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+                assert len(c.cache.fds) <= 16
+            assert open_fds() - before <= 16
+            assert writing.fd is None  # the least recently used: closed while idle
+            await c.cache.write(writing, 5000, b"b" * 5000)  # opens it again
+            for cf in files:  # a second epoch reads the cached bytes back through reopens
+                assert await c.cache.read(cf, 0, cf.size) == bodies[cf.key]
+            await c.close_and_flush(writing)
+            assert c.store.objects["out/a"].body == b"a" * 5000 + b"b" * 5000
     run(body)
 
 
@@ -314,9 +397,7 @@ def test_a_training_set_larger_than_the_cache_is_evicted_in_batches(tmp_path):
                                                         drop(chunks))
             files = []
             for key, data in bodies.items():  # 24 MB through a 4 MiB cache
-                cf = c.new_file(key)
-                cf.size = cf.base_size = len(data)
-                cf.base_key = key
+                cf = c.in_s3(key, len(data))
                 files.append(cf)
                 assert await c.cache.read(cf, 0, len(data)) == data
             await trio.sleep(0.2)
@@ -355,9 +436,7 @@ def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
 
     async def body() -> None:
         async with core(tmp_path, store) as c:
-            cf = c.new_file("one")
-            cf.size = cf.base_size = len(data)
-            cf.base_key = "one"
+            cf = c.in_s3("one", len(data))
             results: list[bytes] = []
 
             async def reader(off: int) -> None:
@@ -384,16 +463,12 @@ def test_a_small_object_fetched_at_lookup_is_cached_only_if_it_is_the_listed_ver
     async def body() -> None:
         async with core(tmp_path, store) as c:
             for name, etag in listed.items():
-                cf = c.new_file(name)
-                cf.size = cf.base_size = 1000
-                cf.base_key, cf.base_etag = name, etag
+                cf = c.in_s3(name, 1000, etag)
                 info = await c.cache.fetch_small_object(cf)
                 assert info is not None and info.etag == store.head(name).etag
                 assert (0 in cf.chunks) == (name == "same")
             gets = store.calls["get"] + store.calls["get_range"]
-            cf = c.new_file("same")
-            cf.size = cf.base_size = 1000
-            cf.base_key, cf.base_etag = "same", listed["same"]
+            cf = c.in_s3("same", 1000, listed["same"])
             assert await c.cache.fetch_small_object(cf) is not None
             assert await c.cache.read(cf, 0, 1000) == b"x" * 1000
             assert store.calls["get"] + store.calls["get_range"] == gets + 1  # no read GET

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -168,6 +169,32 @@ def test_a_training_set_that_fits_the_cache_size_stays_cached_across_a_remount(
     m.start()
     _assert_reads(m, bodies)
     assert m.counters().get("gets", 0) == 0
+
+
+def test_more_files_than_the_daemon_may_open_read_and_write_right(mount_factory, s3):
+    """A training set of more files than the daemon has descriptors: reads once kept every
+    cache file open, until EMFILE failed the reads and then killed the daemon (found with
+    20,000 files). Cache files beyond the budget are closed and reopened on demand."""
+    bodies = {f"train/f{i:04d}.bin": random.randbytes(2000 + i) for i in range(500)}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda kv: s3.put(kv[0], kv[1], {}), bodies.items()))
+    m = mount_factory()
+    assert m.pid is not None
+    in_use = len(os.listdir(f"/proc/{m.pid}/fd"))
+    limit = in_use + 100
+    resource.prlimit(m.pid, resource.RLIMIT_NOFILE, (limit, limit))
+    _assert_reads(m, bodies)
+    written = {f"out/f{i:03d}": random.randbytes(3000 + i) for i in range(150)}
+    for name, body in written.items():
+        (m.path / name).parent.mkdir(exist_ok=True)
+        (m.path / name).write_bytes(body)
+    assert m.flush().returncode == 0
+    for name, body in written.items():
+        got = s3.get(name)
+        assert got is not None and got[1] == body
+    _assert_reads(m, bodies)  # a second epoch
+    assert len(os.listdir(f"/proc/{m.pid}/fd")) <= limit
+    assert m.unmount().returncode == 0
 
 
 def test_after_the_ttl_one_listing_revalidates_a_directory_instead_of_a_head_per_open(
