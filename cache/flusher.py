@@ -9,6 +9,8 @@ Memory is bounded: at most `concurrency` chunk buffers exist at once.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import time
@@ -60,6 +62,11 @@ class Flusher:
         self._part_queue: set[tuple[CachedFile, int]] = set()
         self._committing: set[CachedFile] = set()
         self._commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
+        # The same dues in time order; an entry whose due is no longer the file's is stale
+        # and skipped. A file whose commit is running leaves the heap until it ends.
+        self._due_heap: list[tuple[float, int, CachedFile]] = []
+        self._due_seq = itertools.count()
+        self._sleeping_until = -math.inf  # the run loop's next wake-up, when it is parked
         # A closed file waits this long before its commit starts, so that the rename a
         # checkpoint saver does right after writing is a journal update, not a copy.
         self.commit_delay = commit_delay
@@ -78,21 +85,33 @@ class Flusher:
             self._nursery = nursery
             task_status.started()
             while True:
-                # Files whose commit is running wait for it to end (which wakes this loop).
-                next_due = min((due for cf, due in self._commit_wanted.items()
-                                if cf not in self._committing), default=math.inf)
-                with trio.move_on_at(next_due):
+                self._sleeping_until = self._due_heap[0][0] if self._due_heap else math.inf
+                with trio.move_on_at(self._sleeping_until):
                     await self._wake.wait()
+                self._sleeping_until = -math.inf
                 self._wake = trio.Event()
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
                     nursery.start_soon(self._stream_part, cf, idx)
-                now = trio.current_time()
-                for cf, due in list(self._commit_wanted.items()):
-                    if due <= now and cf not in self._committing:
-                        del self._commit_wanted[cf]
-                        self._committing.add(cf)
-                        nursery.start_soon(self._commit_task, cf)
+                self._start_due_commits(nursery)
+
+    def _start_due_commits(self, nursery: trio.Nursery) -> None:
+        now = trio.current_time()
+        heap = self._due_heap
+        while heap and heap[0][0] <= now:
+            due, _, cf = heapq.heappop(heap)
+            if self._commit_wanted.get(cf) != due or cf in self._committing:
+                continue  # stale, or re-queued by _commit_task when its commit ends
+            del self._commit_wanted[cf]
+            self._committing.add(cf)
+            nursery.start_soon(self._commit_task, cf)
+
+    def _queue_due(self, cf: CachedFile, due: float) -> None:
+        """Put `cf` on the heap; wake the run loop only if it sleeps past the new due
+        (a closed file's commit is due a whole commit delay later: usually it does not)."""
+        heapq.heappush(self._due_heap, (due, next(self._due_seq), cf))
+        if due < self._sleeping_until:
+            self._wake.set()
 
     def busy(self) -> bool:
         """True while uploads or commits are under way or queued: data will drain."""
@@ -108,8 +127,9 @@ class Flusher:
         """Commit `cf`; with `settle` (a last close) only after the commit delay."""
         if cf.pending and not cf.unlinked:
             due = trio.current_time() + (self.commit_delay if settle else 0.0)
-            self._commit_wanted[cf] = min(due, self._commit_wanted.get(cf, math.inf))
-            self._wake.set()
+            if due < self._commit_wanted.get(cf, math.inf):
+                self._commit_wanted[cf] = due
+                self._queue_due(cf, due)
 
     def _drain_all_full_chunks(self) -> None:
         for cf in list(self.cache.files.values()):
@@ -351,7 +371,8 @@ class Flusher:
             self._background_failure(cf, "commit", exc)
         finally:
             self._committing.discard(cf)
-            self._wake.set()  # a commit requested meanwhile may start now
+            if cf in self._commit_wanted:  # requested meanwhile: it may start now
+                self._queue_due(cf, self._commit_wanted[cf])
             self._progress_changed()
         if failed:
             await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
