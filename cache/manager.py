@@ -675,8 +675,10 @@ class CacheManager:
     # -- durability -------------------------------------------------------------------
 
     async def fsync(self, cf: CachedFile, datasync: bool) -> None:
-        """Local durability: the cache file and the journal reach the disk."""
-        if cf.fd is not None:
+        """Local durability: the cache file and the journal reach the disk. A pending
+        file's descriptor may have been closed (fds are bounded): its data is fsynced
+        through a new one, since fsync acts on the file, not on the descriptor."""
+        if cf.pending and cf.fid is not None:
             async with self._io(cf) as fd:
                 await self.engine.fsync(fd, datasync=True)
         await self.journal(self.journal.sync.sync)

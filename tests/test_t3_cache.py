@@ -381,6 +381,31 @@ def test_cache_files_kept_open_stay_within_the_descriptor_budget(tmp_path):
     run(body)
 
 
+def test_fsync_reaches_the_disk_even_after_the_descriptor_was_closed(tmp_path):
+    """The descriptor budget may close the cache file of a file still being written;
+    fsync() must still flush that file's bytes (it skipped them when no fd was open)."""
+    store = MemoryObjectStore()
+    for i in range(8):
+        store.put(f"other/f{i}", b"o" * 100, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, open_files=4) as c:
+            written = await c.write_file("out/a", b"a" * 5000)
+            for i in range(8):  # other files' reads push its descriptor out
+                assert await c.cache.read(c.in_s3(f"other/f{i}", 100), 0, 100) == b"o" * 100
+            assert written.fd is None
+            synced: list[int] = []
+            fsync = c.cache.engine.fsync
+
+            async def counting_fsync(fd: int, datasync: bool = False) -> None:
+                synced.append(fd)
+                await fsync(fd, datasync)
+            c.cache.engine.fsync = counting_fsync  # type: ignore[method-assign]
+            await c.cache.fsync(written, datasync=False)
+            assert len(synced) == 1
+    run(body)
+
+
 def test_a_training_set_larger_than_the_cache_is_evicted_in_batches(tmp_path):
     """Eviction frees many small chunks with one journal transaction, not one each, and
     the cache ends within its budget with every read right."""
