@@ -378,7 +378,6 @@ class Flusher:
             await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
-        self.cache.release_idle_fd(cf)
 
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:

@@ -212,11 +212,6 @@ class CacheManager:
             self.files.pop(cf.fid, None)
             self.cache_path(cf.fid).unlink(missing_ok=True)
 
-    def release_idle_fd(self, cf: CachedFile) -> None:
-        """No handle, no pending data, no I/O: give the descriptor back (fds are bounded)."""
-        if cf.openers == 0 and not cf.pending and not cf.fetching:
-            self.fds.close(cf)
-
     @asynccontextmanager
     async def _io(self, cf: CachedFile) -> AsyncIterator[int]:
         """The cache file's descriptor, kept open while an engine request uses it."""
@@ -322,13 +317,11 @@ class CacheManager:
             for cf, idx in victims:
                 del cf.fetching[idx]
             busy.set()
-            for cf, _ in victims:
-                self.release_idle_fd(cf)
         return freed
 
     async def _punch(self, cf: CachedFile, idx: int) -> None:
         start, end = self.parts.chunk_range(idx)
-        async with self._punch_slots:  # each needs its cache file open: fds are bounded
+        async with self._punch_slots:  # an fd in use cannot be closed by the fd budget
             if cf.fid is None or not self.cache_path(cf.fid).exists():
                 return
             try:
