@@ -346,7 +346,9 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as gone: its work is over)."""
+    """True while `pid` runs (a zombie counts as gone: its work is over). The main thread
+    of a multi-threaded daemon turns zombie before its other threads have exited: the
+    process is gone only when no other thread is left."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -355,7 +357,9 @@ def _pid_alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except (OSError, IndexError):
         return False
 
