@@ -35,6 +35,7 @@ class Chunk:
     length: int = 0  # bytes the uploaded part holds
     held: int = 0  # bytes of the file in this chunk, as counted by the budgets
     settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
+    direct: bool = False  # its bytes went to disk with O_DIRECT: read them back that way
 
 
 @dataclass(eq=False)
@@ -49,6 +50,7 @@ class CachedFile:
     mtime_ns: int
     fid: int | None = None  # journal id; also names the cache file
     fd: int | None = None
+    dfd: int | None = None  # the same file opened with O_DIRECT (see cache.direct)
     base_key: str | None = None  # committed object the clean bytes come from
     base_size: int = 0
     base_etag: str | None = None

@@ -8,6 +8,9 @@ that no I/O is using are closed (down to 3/4 of the limit, so that trimming is r
 next I/O of such a file opens it again. If the process runs out of descriptors anyway
 (its limit lowered, or other descriptors grew), the bound shrinks to half of what is open
 and the open is retried, leaving room for S3 connections and the control socket.
+
+A cache file may have a second descriptor opened with O_DIRECT (see `direct`); the
+bound counts descriptors, and both close together.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import errno
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.direct import DirectOpener
 
 log = logging.getLogger(__name__)
 
@@ -25,48 +30,71 @@ OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
 
 
 class FdTable:
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
+    def __init__(self, limit: int, direct: bool = True) -> None:
+        self.limit = max(2, limit)
         self._lru: OrderedDict[CachedFile, None] = OrderedDict()  # files with an open fd
+        self._open = 0  # descriptors, O_DIRECT ones included
+        self._direct = DirectOpener()
+        self._direct.supported = direct
 
     def __len__(self) -> int:
-        return len(self._lru)
+        """How many descriptors are open."""
+        return self._open
 
     def get(self, cf: CachedFile, path: str) -> int:
         """The open descriptor of `cf`'s cache file at `path`, created 0600 if missing."""
         if cf.fd is not None:
             self._lru.move_to_end(cf)
             return cf.fd
+        fd = self._open_retrying(cf, lambda: os.open(path, OPEN_FLAGS, 0o600))
+        assert fd is not None
+        cf.fd = fd
+        self._lru[cf] = None
+        return fd
+
+    def get_direct(self, cf: CachedFile, path: str) -> int | None:
+        """`cf`'s O_DIRECT descriptor (its plain one is opened first), or None where the
+        filesystem has no O_DIRECT."""
+        self.get(cf, path)
+        if cf.dfd is None and self._direct.supported:
+            cf.dfd = self._open_retrying(cf, lambda: self._direct.open(path))
+        return cf.dfd
+
+    def _open_retrying(self, cf: CachedFile, opener: Callable[[], int | None]) -> int | None:
         try:
-            cf.fd = os.open(path, OPEN_FLAGS, 0o600)
+            fd = opener()
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._lru:
                 raise
-            self.limit = max(1, len(self._lru) // 2)
-            log.warning("out of file descriptors with %d cache files open: keeping at most "
-                        "%d open from now on", len(self._lru), self.limit)
+            self.limit = max(2, self._open // 2)
+            log.warning("out of file descriptors with %d cache file descriptors open: "
+                        "keeping at most %d open from now on", self._open, self.limit)
             self._trim(keep=cf)
-            cf.fd = os.open(path, OPEN_FLAGS, 0o600)
-        self._lru[cf] = None
-        if len(self._lru) > self.limit:
-            self._trim(keep=cf)
-        return cf.fd
+            fd = opener()
+        if fd is not None:
+            self._open += 1
+            if self._open > self.limit:
+                self._trim(keep=cf)
+        return fd
 
     def close(self, cf: CachedFile) -> None:
         """Close `cf`'s descriptor unless an I/O is using it."""
         if cf.fd is not None and cf.io_busy == 0:
-            os.close(cf.fd)
-            cf.fd = None
+            for fd in (cf.fd, cf.dfd):
+                if fd is not None:
+                    os.close(fd)
+                    self._open -= 1
+            cf.fd = cf.dfd = None
             self._lru.pop(cf, None)
 
     def _trim(self, keep: CachedFile) -> None:
-        excess = len(self._lru) - self.limit * 3 // 4
+        excess = self._open - self.limit * 3 // 4
         victims = []
         for cf in self._lru:  # least recently used first
             if excess <= 0:
                 break
             if cf.io_busy == 0 and cf is not keep:
                 victims.append(cf)
-                excess -= 1
+                excess -= 1 if cf.dfd is None else 2
         for cf in victims:
             self.close(cf)

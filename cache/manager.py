@@ -12,9 +12,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -27,6 +28,7 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
+from lakefs_mount.cache.direct import BUFFER_SIZE, ReadBuffers, aligned, round_up, write_through
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.warm import WarmCache
@@ -35,6 +37,7 @@ from lakefs_mount.objectstore import ObjectInfo
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine, write_on_this_thread
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", bound=bytes | memoryview)
 
 ENOSPC_PATIENCE = 60.0  # seconds a writer waits for uploads to free a full cache disk
 FID_BLOCK = 1024
@@ -46,10 +49,11 @@ class CacheManager:
     def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
                  max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
-                 open_files: int = 1024) -> None:
+                 open_files: int = 1024, direct_io: bool = True) -> None:
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.fds = FdTable(open_files)  # cache files kept open between I/Os
+        self.fds = FdTable(open_files, direct_io)  # cache files kept open between I/Os
+        self._read_buffers = ReadBuffers()
         self.engine = engine
         self.journal = journal
         self.store = store
@@ -99,7 +103,7 @@ class CacheManager:
         for idx in entry.chunks:
             held = self.parts.held_bytes(idx, entry.size)  # as the warm cache counted it
             if idx < self.parts.chunk_count(cf.size):
-                cf.chunks[idx] = Chunk(ChunkState.CLEAN, held=held)
+                cf.chunks[idx] = Chunk(ChunkState.CLEAN, held=held, direct=True)
                 self.budget.clean((cf, idx), held)
             else:
                 self.budget.removed(held)
@@ -121,7 +125,7 @@ class CacheManager:
     def cache_path(self, fid: int) -> Path:
         return self.data_dir / str(fid)
 
-    async def _ensure_fd(self, cf: CachedFile) -> int:
+    async def _ensure_fd(self, cf: CachedFile, direct: bool = False) -> int:
         if cf.fid is None:
             fid = next(self._free_fids, None) if self._free_fids is not None else None
             if fid is None:  # fids come in blocks: no journal round trip per new file
@@ -133,7 +137,10 @@ class CacheManager:
                 cf.fid = fid
         if cf.fd is None:
             self.files[cf.fid] = cf
-        return self.fds.get(cf, str(self.cache_path(cf.fid)))
+        path = str(self.cache_path(cf.fid))
+        if direct:
+            self.fds.get_direct(cf, path)
+        return self.fds.get(cf, path)
 
     async def _ensure_journalled(self, cf: CachedFile) -> None:
         """Give the file its row in the journal before any chunk of it is dirty."""
@@ -213,9 +220,10 @@ class CacheManager:
             self.cache_path(cf.fid).unlink(missing_ok=True)
 
     @asynccontextmanager
-    async def _io(self, cf: CachedFile) -> AsyncIterator[int]:
-        """The cache file's descriptor, kept open while an engine request uses it."""
-        fd = await self._ensure_fd(cf)
+    async def _io(self, cf: CachedFile, direct: bool = False) -> AsyncIterator[int]:
+        """The cache file's descriptor, kept open while an engine request uses it; with
+        `direct`, its O_DIRECT twin `cf.dfd` too (None where there is none)."""
+        fd = await self._ensure_fd(cf, direct)
         cf.io_busy += 1
         try:
             yield fd
@@ -333,6 +341,17 @@ class CacheManager:
     # -- reading ----------------------------------------------------------------------
 
     async def read(self, cf: CachedFile, offset: int, size: int) -> bytes:
+        return await self._read(cf, offset, size, self._read_cached)
+
+    async def read_lent(self, cf: CachedFile, offset: int, size: int) -> bytes | memoryview:
+        """`read` for a reply to the kernel: a large aligned read that misses the page cache
+        skips it (O_DIRECT, see `direct`) and comes back as a read-only view of a reused
+        buffer, which returns to the pool once that view is dropped. So the caller hands
+        the view on whole and keeps no slice of it."""
+        return await self._read(cf, offset, size, self._read_lent)
+
+    async def _read(self, cf: CachedFile, offset: int, size: int,
+                    read_cached: Callable[[CachedFile, int, int], Awaitable[T]]) -> T | bytes:
         end = min(cf.size, offset + size)
         if end <= offset:
             return b""
@@ -345,7 +364,7 @@ class CacheManager:
             for idx in touched:
                 await self._ensure_chunk(cf, idx)
                 self.budget.touch((cf, idx))
-            return await self._read_cached(cf, offset, end)
+            return await read_cached(cf, offset, end)
 
     def holds(self, cf: CachedFile, start: int, end: int) -> bool:
         """True if bytes [start, end) can be read without a GET."""
@@ -385,6 +404,26 @@ class CacheManager:
         if len(data) < end - start:
             data += bytes(end - start - len(data))
         return data
+
+    async def _read_lent(self, cf: CachedFile, start: int, end: int) -> bytes | memoryview:
+        """`_read_cached`, but an aligned range of up to BUFFER_SIZE in chunks that went to
+        disk with O_DIRECT comes back with O_DIRECT, into a lent buffer. (Trying the page
+        cache first is no way to tell: preadv2(RWF_NOWAIT) starts the readahead it avoids.)
+        """
+        size = end - start
+        if (size > BUFFER_SIZE or not aligned(start)
+                or not all(cf.chunks[i].direct for i in self.parts.chunks_between(start, end))):
+            return await self._read_cached(cf, start, end)
+        buf = self._read_buffers.take()
+        with memoryview(buf) as view:  # a failed or cancelled read may leave the kernel
+            async with self._io(cf, direct=True) as fd:  # writing: then buf is dropped
+                if cf.dfd is not None:
+                    got = await self.engine.read_into(cf.dfd, view[:round_up(size)], start)
+                else:
+                    got = await self.engine.read_into(fd, view[:size], start)
+            if got < size:
+                view[got:size] = bytes(size - got)
+        return self._read_buffers.lend(buf, size)
 
     async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
         return await self._read_cached(cf, start, end)
@@ -440,15 +479,20 @@ class CacheManager:
             return
         with self._fetching(cf, idx):
             assert cf.base_key is not None
-            async with self._fetch_slots, self._io(cf) as fd:
+            # A span of 1 MiB or more skips the page cache; a smaller one (a small file)
+            # is likely read again soon and costs little there.
+            direct = end - start >= BUFFER_SIZE
+            async with self._fetch_slots, self._io(cf, direct) as fd:
+                dfd = cf.dfd if direct else None
+
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
-                    write_on_this_thread(fd, piece, offset)
+                    write_through(fd, dfd, piece, offset)
 
                 await self.store.get_range_into(cf.base_key, start, end, write_piece)
             if cf.base_etag is not None and cf.fid is not None:
                 self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag,
                                               cf.base_size, [idx])
-            self._new_chunk(cf, idx)
+            self._new_chunk(cf, idx).direct = dfd is not None
 
     @contextmanager
     def _fetching(self, cf: CachedFile, idx: int) -> Iterator[None]:
@@ -575,6 +619,8 @@ class CacheManager:
         """Every chunk state change goes through here, so dirty bytes stay exact."""
         was_dirty, dirty = ch.state in DIRTY_STATES, state in DIRTY_STATES
         ch.state = state
+        if dirty:
+            ch.direct = False  # written through the page cache
         ref = (cf, idx)
         if state is ChunkState.CLEAN:
             self.budget.clean(ref, ch.held)

@@ -268,7 +268,7 @@ def _disk_usage(directory: Path) -> int:
 
 def _cache_fd_budget() -> int:
     """Raise the soft descriptor limit to the hard one, as servers commonly do (the soft
-    default is often 1,024), and return how many cache files may stay open."""
+    default is often 1,024), and return how many cache file descriptors may stay open."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
     if soft != resource.RLIM_INFINITY and soft < wanted:

@@ -514,7 +514,7 @@ class FileSystem:
     def keep_cache(self, fh: int) -> bool:
         return self._handle(fh).keep_cache
 
-    async def page_cache_fill(self, fh: int) -> bytes | None:
+    async def page_cache_fill(self, fh: int) -> bytes | memoryview | None:
         """The bytes of a small file opened for reading whose every byte is cached here,
         for the FUSE layer to put in the kernel's page cache with the open: the first read
         then needs no request. None when the kernel must ask."""
@@ -524,7 +524,7 @@ class FileSystem:
                 or not 0 < cf.size <= SMALL_OBJECT_MAX or not self.cache.holds(cf, 0, cf.size)):
             return None
         try:
-            return await self.cache.read(cf, 0, cf.size)
+            return await self.cache.read_lent(cf, 0, cf.size)
         except OSError:  # the kernel's read will ask, and report it
             return None
 
@@ -548,11 +548,11 @@ class FileSystem:
         self._handles[fh] = Handle(inode, True, bool(flags & os.O_APPEND))
         return fh, self.attr(inode)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         cf = self._handle(fh).inode.file
         assert cf is not None
         async with s3_errors(f"reading {cf.key}"):
-            return await self.cache.read(cf, offset, size)
+            return await self.cache.read_lent(cf, offset, size)
 
     async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         handle = self._handle(fh)

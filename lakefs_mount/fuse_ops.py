@@ -134,7 +134,7 @@ class FuseOperations(pyfuse3.Operations):
                                ctx.gid)
         return pyfuse3.FileInfo(fh=fh), entry(attr)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         return await _call(self.fs.read, fh, off, size)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import mmap
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -86,6 +87,39 @@ def test_eof(kind, fd):
         assert await e.read(fd, 0, 0) == b""
 
     run(kind, body)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_read_into_a_buffer_buffered_and_with_o_direct(kind, tmp_path):
+    """read_into fills the caller's (page-aligned, for O_DIRECT) buffer; short at EOF."""
+    path = tmp_path / "cache"
+    data = os.urandom(2 * MiB + 100)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 3 * MiB)
+
+    async def body(e):
+        view = memoryview(buf)
+        assert await e.read_into(fd, view[:10], 5) == 10
+        assert buf[:10] == data[5:15]
+        assert await e.read_into(dfd, view[:MiB], MiB) == MiB
+        assert buf[:MiB] == data[MiB:2 * MiB]
+        assert await e.read_into(dfd, view, 0) == len(data)  # short: end of file
+        assert buf[:len(data)] == data
+        assert await e.read_into(fd, view[:10], len(data)) == 0
+        with pytest.raises(OSError) as exc:
+            await e.read_into(dfd, view[1:4097], 0)  # unaligned memory
+        assert exc.value.errno == errno.EINVAL
+        with pytest.raises(OSError) as exc:
+            await e.read_into(BAD_FD, view[:10], 0)
+        assert exc.value.errno == errno.EBADF
+
+    try:
+        run(kind, body)
+    finally:
+        os.close(fd)
+        os.close(dfd)
 
 
 @pytest.mark.parametrize("kind", ENGINES)

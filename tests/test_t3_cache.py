@@ -69,14 +69,15 @@ class Core:
 @asynccontextmanager
 async def core(tmp_path: Path, store: ObjectStore | None = None,
                max_dirty: int = 1 << 40, cache_size: int = 1 << 40,
-               commit_delay: float = 0.0, open_files: int = 1024) -> AsyncIterator[Core]:
+               commit_delay: float = 0.0, open_files: int = 1024,
+               direct_io: bool = True) -> AsyncIterator[Core]:
     store = store or MemoryObjectStore()
     journal = Journal(tmp_path / "journal.db")
     metrics = m.Metrics()
     async with open_engine("threads") as engine, trio.open_nursery() as nursery:
         cache = CacheManager(tmp_path, engine, AsyncJournal(journal), AsyncStore(store, metrics),
                              PartMap(PART), metrics, max_dirty=max_dirty, cache_size=cache_size,
-                             open_files=open_files)
+                             open_files=open_files, direct_io=direct_io)
         flusher = Flusher(cache, 4, commit_delay=commit_delay)
         await nursery.start(cache.run)
         await nursery.start(flusher.run)

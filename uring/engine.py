@@ -22,6 +22,11 @@ class IoEngine(Protocol):
         """Read up to `size` bytes at `offset`; fewer only at end of file."""
         ...
 
+    async def read_into(self, fd: int, view: memoryview, offset: int) -> int:
+        """Fill `view` from `offset` (an O_DIRECT fd needs it page-aligned); return how
+        many bytes were read, fewer only at end of file."""
+        ...
+
     async def fsync(self, fd: int, datasync: bool = False) -> None:
         """fsync(2) or, with datasync, fdatasync(2)."""
         ...

@@ -103,16 +103,7 @@ class UringEngine:
         """Write all of data at offset; short writes are continued from where they ended."""
         pin = Pin(data)
         try:
-            done = 0
-            while done < pin.size:
-                n = min(pin.size - done, MAX_RW)
-                res = await self._call(
-                    (OP_WRITE, fd, offset + done, pin.address + done, n, 0), pin.acquire()
-                )
-                if res == 0:
-                    raise OSError(errno.EIO, "write made no progress")
-                done += res
-            return done
+            return await self._transfer(OP_WRITE, fd, pin, offset)
         finally:
             pin.release()
 
@@ -131,6 +122,30 @@ class UringEngine:
                 break
             got += res
         return buf if got == size else buf[:got]
+
+    async def read_into(self, fd: int, view: memoryview, offset: int) -> int:
+        """Fill view from offset; short only at EOF. The view stays pinned until the
+        kernel is done with it, also if the waiting task is cancelled."""
+        pin = Pin(view)
+        try:
+            return await self._transfer(OP_READ, fd, pin, offset)
+        finally:
+            pin.release()
+
+    async def _transfer(self, op: int, fd: int, pin: Pin, offset: int) -> int:
+        """OP_READ or OP_WRITE of all of pin's memory, continued after short transfers;
+        a read ends early at end of file, a write that makes no progress is EIO."""
+        done = 0
+        while done < pin.size:
+            n = min(pin.size - done, MAX_RW)
+            res = await self._call((op, fd, offset + done, pin.address + done, n, 0),
+                                   pin.acquire())
+            if res == 0:
+                if op == OP_WRITE:
+                    raise OSError(errno.EIO, "write made no progress")
+                break
+            done += res
+        return done
 
     async def fsync(self, fd: int, datasync: bool = False) -> None:
         """fsync(2)/fdatasync(2) as IORING_OP_FSYNC."""

@@ -49,6 +49,16 @@ def _pread_upto(fd: int, size: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
+def _preadv_upto(fd: int, view: memoryview, offset: int) -> int:
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
 def _fallocate_sync(fd: int, mode: int, offset: int, length: int) -> None:
     if _fallocate(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
@@ -84,6 +94,11 @@ class ThreadEngine:
         rest = await trio.to_thread.run_sync(_pread_upto, fd, size - got, offset + got,
                                              limiter=self._limiter)
         return buf[:got] + rest if got else rest
+
+    async def read_into(self, fd: int, view: memoryview, offset: int) -> int:
+        """Fill view from offset in one worker; short only at end of file."""
+        return await trio.to_thread.run_sync(_preadv_upto, fd, view, offset,
+                                             limiter=self._limiter)
 
     async def fsync(self, fd: int, datasync: bool = False) -> None:
         """fsync(2) or fdatasync(2)."""

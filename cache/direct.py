@@ -1,0 +1,139 @@
+"""O_DIRECT access to cache files, so that large reads and fetched chunks bypass the
+kernel's page cache.
+
+Why: a page the page cache grows into is expensive the first time it is touched on the
+VMs this runs on (the host backs guest memory lazily and takes freed memory back):
+buffered writes of 4 GiB cost ~0.5 CPU s/GiB and buffered reads of it 1.3-2.2, against
+~0.1 with O_DIRECT. A cold restore through a buffered cache file grows the page cache
+twice (the cache file, then the mount's own pages in the kernel); with the cache file
+read and filled with O_DIRECT only the second remains. Measured on 8 x 512 MiB: warm
+restore 0.37-0.42 -> 0.74-0.84 GiB/s, cold 0.23-0.26 -> 0.26-0.32 GiB/s.
+
+Buffered I/O stays for whatever is small, unaligned, or already in the page cache (a
+read tries the page cache first without waiting for the disk). Linux keeps the two
+coherent: an O_DIRECT read writes back dirty pages of its range first, and an O_DIRECT
+write drops the range's cached pages.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+ALIGN = 4096  # offsets, lengths and memory of O_DIRECT I/O: the largest logical block size
+BUFFER_SIZE = 1024 * 1024  # = the largest FUSE read (and the GET's piece size)
+DIRECT_FLAGS = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
+
+
+def open_direct(path: str) -> int:
+    return os.open(path, DIRECT_FLAGS)
+
+
+def aligned(n: int) -> bool:
+    return n % ALIGN == 0
+
+
+def round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class DirectOpener:
+    """Opens the O_DIRECT twin of a cache file; gives up for good on a filesystem that
+    refuses O_DIRECT (tmpfs says EINVAL), where everything stays buffered."""
+
+    def __init__(self) -> None:
+        self.supported = True
+
+    def open(self, path: str) -> int | None:
+        if not self.supported:
+            return None
+        try:
+            return open_direct(path)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.supported = False
+            log.info("the cache directory's filesystem does not support O_DIRECT: cache "
+                     "files are read and written through the page cache")
+            return None
+
+
+class ReadBuffers:
+    """Page-aligned read buffers of BUFFER_SIZE for the trio loop, each reused only once
+    nobody holds the view it was lent as.
+
+    A FUSE read returns its view to pyfuse3, which copies it to the kernel after the
+    handler returns; a small file's PUT holds its view until the upload ends. So a
+    buffer comes back when its view's reference count is down to the pool's own
+    reference (compared with a probe kept the same way, whatever the interpreter counts).
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        self._free: list[mmap.mmap] = []
+        self._lent: list[tuple[mmap.mmap, memoryview]] = []
+        self._keep = keep
+        probe = memoryview(b"")
+        self._probe = [(mmap.mmap(-1, ALIGN), probe)]
+        del probe
+        self._idle_refs = sys.getrefcount(self._probe[0][1])
+
+    def take(self) -> mmap.mmap:
+        """A buffer to fill; give it back with `lend` (or `give_back` if unused)."""
+        if not self._free:
+            self._reclaim()
+        return self._free.pop() if self._free else mmap.mmap(-1, BUFFER_SIZE)
+
+    def lend(self, buf: mmap.mmap, size: int) -> memoryview:
+        """A read-only view of the first `size` bytes; `buf` returns once it is dropped."""
+        view = memoryview(buf)[:size].toreadonly()
+        self._lent.append((buf, view))
+        return view
+
+    def give_back(self, buf: mmap.mmap) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(buf)
+        else:
+            buf.close()
+
+    def _reclaim(self) -> None:
+        still = []
+        for i in range(len(self._lent)):
+            if sys.getrefcount(self._lent[i][1]) <= self._idle_refs:
+                buf, view = self._lent[i]
+                view.release()
+                self.give_back(buf)
+            else:
+                still.append(self._lent[i])
+        self._lent = still
+
+
+_thread_buffers = threading.local()
+
+
+def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: int) -> None:
+    """Write `data` at `offset` from a worker thread: its whole aligned pages with
+    O_DIRECT (through this thread's aligned buffer), the rest buffered."""
+    view = memoryview(data).cast("B")
+    direct = len(view) // ALIGN * ALIGN if dfd is not None and aligned(offset) else 0
+    done = 0
+    if direct:
+        buf = getattr(_thread_buffers, "buf", None)
+        if buf is None:
+            buf = _thread_buffers.buf = mmap.mmap(-1, BUFFER_SIZE)
+        with memoryview(buf) as aligned_view:
+            while done < direct:
+                n = min(direct - done, BUFFER_SIZE)
+                aligned_view[:n] = view[done:done + n]
+                written = os.pwrite(dfd, aligned_view[:n], offset + done)  # type: ignore[arg-type]
+                if written != n:  # only at ENOSPC-like ends; the rest goes buffered
+                    done += max(0, written // ALIGN * ALIGN)
+                    break
+                done += n
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
