@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
@@ -35,7 +36,8 @@ class Chunk:
     length: int = 0  # bytes the uploaded part holds
     held: int = 0  # bytes of the file in this chunk, as counted by the budgets
     settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
-    direct: bool = False  # its bytes went to disk with O_DIRECT: read them back that way
+    direct: bool = False  # its bytes (most of them) went to disk with O_DIRECT: read
+    # them back that way (correct either way: Linux keeps the two paths coherent)
 
 
 @dataclass(eq=False)
@@ -85,6 +87,10 @@ class CachedFile:
     def state(self, idx: int) -> ChunkState | None:
         ch = self.chunks.get(idx)
         return None if ch is None else ch.state
+
+    def all_direct(self, indices: Iterable[int]) -> bool:
+        """True if these chunks are cached, each written with O_DIRECT (mostly)."""
+        return all(ch is not None and ch.direct for ch in map(self.chunks.get, indices))
 
     def dirty_chunk_count(self) -> int:
         return sum(1 for c in self.chunks.values() if c.state in PENDING_STATES)

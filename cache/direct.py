@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 ALIGN = 4096  # offsets, lengths and memory of O_DIRECT I/O: the largest logical block size
 BUFFER_SIZE = 1024 * 1024  # = the largest FUSE read (and the GET's piece size)
 DIRECT_FLAGS = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
+DIRECT_WRITE_MIN = 128 * 1024  # smaller writes (small files) stay in the page cache
 
 
 def open_direct(path: str) -> int:
@@ -41,6 +42,13 @@ def aligned(n: int) -> bool:
 
 def round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def split_aligned(offset: int, size: int) -> tuple[int, int]:
+    """(head, body) of a write of `size` bytes at `offset`: `head` bytes up to the next
+    page boundary, then `body` bytes of whole pages; what is left is the tail."""
+    head = min(size, -offset % ALIGN)
+    return head, (size - head) // ALIGN * ALIGN
 
 
 class DirectOpener:
@@ -64,9 +72,9 @@ class DirectOpener:
             return None
 
 
-class ReadBuffers:
-    """Page-aligned read buffers of BUFFER_SIZE for the trio loop, each reused only once
-    nobody holds the view it was lent as.
+class AlignedBuffers:
+    """Page-aligned buffers of BUFFER_SIZE for the trio loop's O_DIRECT I/O. A buffer
+    lent out as a view is reused only once nobody holds that view.
 
     A FUSE read returns its view to pyfuse3, which copies it to the kernel after the
     handler returns; a small file's PUT holds its view until the upload ends. So a
@@ -84,7 +92,8 @@ class ReadBuffers:
         self._idle_refs = sys.getrefcount(self._probe[0][1])
 
     def take(self) -> mmap.mmap:
-        """A buffer to fill; give it back with `lend` (or `give_back` if unused)."""
+        """A buffer to fill or write from; give it back with `lend` or `give_back` (not
+        at all if the kernel may still use it: a failed or cancelled request)."""
         if not self._free:
             self._reclaim()
         return self._free.pop() if self._free else mmap.mmap(-1, BUFFER_SIZE)

@@ -41,6 +41,11 @@ class FdTable:
         """How many descriptors are open."""
         return self._open
 
+    @property
+    def can_direct(self) -> bool:
+        """False once the cache filesystem refused O_DIRECT (or it was turned off)."""
+        return self._direct.supported
+
     def get(self, cf: CachedFile, path: str) -> int:
         """The open descriptor of `cf`'s cache file at `path`, created 0600 if missing."""
         if cf.fd is not None:

@@ -28,7 +28,15 @@ from lakefs_mount.cache.cachefile import (
     Chunk,
     ChunkState,
 )
-from lakefs_mount.cache.direct import BUFFER_SIZE, ReadBuffers, aligned, round_up, write_through
+from lakefs_mount.cache.direct import (
+    BUFFER_SIZE,
+    DIRECT_WRITE_MIN,
+    AlignedBuffers,
+    aligned,
+    round_up,
+    split_aligned,
+    write_through,
+)
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.warm import WarmCache
@@ -53,7 +61,7 @@ class CacheManager:
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.fds = FdTable(open_files, direct_io)  # cache files kept open between I/Os
-        self._read_buffers = ReadBuffers()
+        self._buffers = AlignedBuffers()
         self.engine = engine
         self.journal = journal
         self.store = store
@@ -137,6 +145,8 @@ class CacheManager:
                 cf.fid = fid
         if cf.fd is None:
             self.files[cf.fid] = cf
+        elif not direct or cf.dfd is not None or not self.fds.can_direct:
+            return self.fds.get(cf, "")  # open: no path needed (building one costs)
         path = str(self.cache_path(cf.fid))
         if direct:
             self.fds.get_direct(cf, path)
@@ -412,9 +422,9 @@ class CacheManager:
         """
         size = end - start
         if (size > BUFFER_SIZE or not aligned(start)
-                or not all(cf.chunks[i].direct for i in self.parts.chunks_between(start, end))):
+                or not cf.all_direct(self.parts.chunks_between(start, end))):
             return await self._read_cached(cf, start, end)
-        buf = self._read_buffers.take()
+        buf = self._buffers.take()
         with memoryview(buf) as view:  # a failed or cancelled read may leave the kernel
             async with self._io(cf, direct=True) as fd:  # writing: then buf is dropped
                 if cf.dfd is not None:
@@ -423,10 +433,12 @@ class CacheManager:
                     got = await self.engine.read_into(fd, view[:size], start)
             if got < size:
                 view[got:size] = bytes(size - got)
-        return self._read_buffers.lend(buf, size)
+        return self._buffers.lend(buf, size)
 
     async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
-        return await self._read_cached(cf, start, end)
+        """A piece of a part: what went to disk with O_DIRECT comes back the same way."""
+        data = await self._read_lent(cf, start, end)
+        return data if isinstance(data, bytes) else data.tobytes()
 
     def _base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
         """The part of chunk `idx` that the committed object holds (empty if none)."""
@@ -572,8 +584,7 @@ class CacheManager:
         deadline = trio.current_time() + ENOSPC_PATIENCE
         while True:
             try:
-                async with self._io(cf) as fd:
-                    await self.engine.write(fd, data, offset)
+                await self._write_cache_file(cf, data, offset)
                 return
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
@@ -586,6 +597,32 @@ class CacheManager:
                     raise
                 self.on_pressure()
                 await trio.sleep(0.2)
+
+    async def _write_cache_file(self, cf: CachedFile, data: bytes | memoryview,
+                                offset: int) -> None:
+        """Write into the cache file: the whole pages of a write of DIRECT_WRITE_MIN up to
+        BUFFER_SIZE with O_DIRECT (copied into an aligned buffer), which also marks its
+        chunks for O_DIRECT reads; the rest, and smaller or larger writes, buffered."""
+        view = memoryview(data).cast("B")
+        head, body = split_aligned(offset, len(view))
+        direct = DIRECT_WRITE_MIN <= body and len(view) <= BUFFER_SIZE
+        async with self._io(cf, direct) as fd:
+            if not direct or cf.dfd is None:
+                await self.engine.write(fd, view, offset)
+                for idx in self.parts.chunks_between(offset, offset + len(view)):
+                    cf.chunks[idx].direct = False
+                return
+            if head:
+                await self.engine.write(fd, view[:head], offset)
+            buf = self._buffers.take()
+            with memoryview(buf) as aligned_view:  # kept from the pool if the write fails
+                aligned_view[:body] = view[head:head + body]
+                await self.engine.write(cf.dfd, aligned_view[:body], offset + head)
+            self._buffers.give_back(buf)
+            if head + body < len(view):
+                await self.engine.write(fd, view[head + body:], offset + head + body)
+            for idx in self.parts.chunks_between(offset, offset + len(view)):
+                cf.chunks[idx].direct = True
 
     async def truncate(self, cf: CachedFile, size: int) -> None:
         old = cf.size
@@ -619,8 +656,6 @@ class CacheManager:
         """Every chunk state change goes through here, so dirty bytes stay exact."""
         was_dirty, dirty = ch.state in DIRTY_STATES, state in DIRTY_STATES
         ch.state = state
-        if dirty:
-            ch.direct = False  # written through the page cache
         ref = (cf, idx)
         if state is ChunkState.CLEAN:
             self.budget.clean(ref, ch.held)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from lakefs_mount.cache import direct
-from lakefs_mount.cache.direct import ALIGN, BUFFER_SIZE, ReadBuffers, write_through
+from lakefs_mount.cache.direct import ALIGN, BUFFER_SIZE, AlignedBuffers, write_through
 from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.uring._buffers import Pin
-from tests.test_t3_cache import core, run
+from tests.test_t3_cache import PART, core, run
 
 MiB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -88,6 +88,42 @@ def test_a_written_chunk_is_read_through_the_page_cache_and_commits_right(tmp_pa
     run(body)
 
 
+def test_large_writes_skip_the_page_cache_and_commit_right(tmp_path):
+    """A checkpoint's 1 MiB writes go to the cache file with O_DIRECT (an unaligned one
+    around its whole pages), the flusher reads its parts back the same way, and S3 gets
+    every byte; small writes stay in the page cache."""
+    data = random.randbytes(PART + 2 * MiB)  # two parts
+    a, b = PART + 1000, PART + MiB + 1000
+
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("ckpt", data[:PART])  # aligned 1 MiB writes
+            assert cf.chunks[0].direct
+            path = c.cache.cache_path(cf.fid)
+            assert cached_pages(path) == 0
+            await c.cache.write(cf, a, data[a:b])
+            await c.cache.write(cf, PART, data[PART:a])
+            await c.cache.write(cf, b, data[b:])
+            assert cf.chunks[1].direct
+            assert cached_pages(path) <= 3  # the unaligned head and tail pages only
+            await c.close_and_flush(cf)
+            assert c.store.objects["ckpt"].body == data
+            assert c.store.calls["upload_part"] == 2
+            assert cached_pages(path) <= 3  # the upload read it with O_DIRECT too
+            small = await c.write_file("small", data[:64 * 1024])
+            assert not small.chunks[0].direct
+            await c.close_and_flush(small)
+            assert c.store.objects["small"].body == data[:64 * 1024]
+    run(body)
+
+
+def test_split_aligned_cuts_a_write_at_page_boundaries():
+    assert direct.split_aligned(0, 3 * ALIGN + 5) == (0, 3 * ALIGN)
+    assert direct.split_aligned(100, 3 * ALIGN) == (ALIGN - 100, 2 * ALIGN)
+    assert direct.split_aligned(100, 50) == (50, 0)
+    assert direct.split_aligned(ALIGN, ALIGN - 1) == (0, 0)
+
+
 @pytest.mark.parametrize("how", ["option", "filesystem"])
 def test_without_o_direct_everything_goes_through_the_page_cache(tmp_path, monkeypatch, how):
     """`direct_io=False`, or a cache filesystem that refuses O_DIRECT (EINVAL)."""
@@ -126,7 +162,7 @@ def test_descriptors_count_both_twins_against_the_budget(tmp_path):
 
 
 def test_a_lent_buffer_comes_back_only_once_nobody_holds_its_view():
-    pool = ReadBuffers()
+    pool = AlignedBuffers()
     first = pool.take()
     view = pool.lend(first, 100)
     assert pool.take() is not first
