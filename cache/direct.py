@@ -139,7 +139,12 @@ def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: in
             while done < direct:
                 n = min(direct - done, BUFFER_SIZE)
                 aligned_view[:n] = view[done:done + n]
-                written = os.pwrite(dfd, aligned_view[:n], offset + done)  # type: ignore[arg-type]
+                try:
+                    written = os.pwrite(dfd, aligned_view[:n], offset + done)  # type: ignore[arg-type]
+                except OSError as exc:  # EINVAL: refused; the reader gives O_DIRECT up
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    break
                 if written != n:  # only at ENOSPC-like ends; the rest goes buffered
                     done += max(0, written // ALIGN * ALIGN)
                     break

@@ -46,6 +46,10 @@ class FdTable:
         """False once the cache filesystem refused O_DIRECT (or it was turned off)."""
         return self._direct.supported
 
+    def stop_direct(self) -> None:
+        """No more O_DIRECT descriptors; those open close with their files."""
+        self._direct.supported = False
+
     def get(self, cf: CachedFile, path: str) -> int:
         """The open descriptor of `cf`'s cache file at `path`, created 0600 if missing."""
         if cf.fd is not None:

@@ -152,6 +152,20 @@ class CacheManager:
             self.fds.get_direct(cf, path)
         return self.fds.get(cf, path)
 
+    def _dfd(self, cf: CachedFile) -> int | None:
+        """`cf`'s O_DIRECT descriptor, if open and O_DIRECT was not given up."""
+        return cf.dfd if self.fds.can_direct else None
+
+    def _give_up_direct(self, exc: OSError) -> None:
+        """An O_DIRECT request was refused (EINVAL: e.g. a disk whose logical blocks are
+        larger than ALIGN): from now on everything is buffered; the caller redoes it."""
+        if exc.errno != errno.EINVAL:
+            raise exc
+        if self.fds.can_direct:
+            log.warning("O_DIRECT I/O on the cache disk failed (%s): cache files are read "
+                        "and written through the page cache from now on", exc)
+            self.fds.stop_direct()
+
     async def _ensure_journalled(self, cf: CachedFile) -> None:
         """Give the file its row in the journal before any chunk of it is dirty."""
         if cf.in_journal or cf.unlinked:  # an unlinked file's bytes never go to S3
@@ -427,9 +441,13 @@ class CacheManager:
         buf = self._buffers.take()
         with memoryview(buf) as view:  # a failed or cancelled read may leave the kernel
             async with self._io(cf, direct=True) as fd:  # writing: then buf is dropped
-                if cf.dfd is not None:
-                    got = await self.engine.read_into(cf.dfd, view[:round_up(size)], start)
-                else:
+                got = -1
+                if (dfd := self._dfd(cf)) is not None:
+                    try:
+                        got = await self.engine.read_into(dfd, view[:round_up(size)], start)
+                    except OSError as exc:
+                        self._give_up_direct(exc)
+                if got < 0:
                     got = await self.engine.read_into(fd, view[:size], start)
             if got < size:
                 view[got:size] = bytes(size - got)
@@ -495,7 +513,7 @@ class CacheManager:
             # is likely read again soon and costs little there.
             direct = end - start >= BUFFER_SIZE
             async with self._fetch_slots, self._io(cf, direct) as fd:
-                dfd = cf.dfd if direct else None
+                dfd = self._dfd(cf) if direct else None
 
                 def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
                     write_through(fd, dfd, piece, offset)
@@ -607,7 +625,8 @@ class CacheManager:
         head, body = split_aligned(offset, len(view))
         direct = DIRECT_WRITE_MIN <= body and len(view) <= BUFFER_SIZE
         async with self._io(cf, direct) as fd:
-            if not direct or cf.dfd is None:
+            dfd = self._dfd(cf) if direct else None
+            if dfd is None:
                 await self.engine.write(fd, view, offset)
                 for idx in self.parts.chunks_between(offset, offset + len(view)):
                     cf.chunks[idx].direct = False
@@ -617,7 +636,11 @@ class CacheManager:
             buf = self._buffers.take()
             with memoryview(buf) as aligned_view:  # kept from the pool if the write fails
                 aligned_view[:body] = view[head:head + body]
-                await self.engine.write(cf.dfd, aligned_view[:body], offset + head)
+                try:
+                    await self.engine.write(dfd, aligned_view[:body], offset + head)
+                except OSError as exc:
+                    self._give_up_direct(exc)
+                    await self.engine.write(fd, view[head:head + body], offset + head)
             self._buffers.give_back(buf)
             if head + body < len(view):
                 await self.engine.write(fd, view[head + body:], offset + head + body)

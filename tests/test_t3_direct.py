@@ -144,6 +144,44 @@ def test_without_o_direct_everything_goes_through_the_page_cache(tmp_path, monke
     run(body)
 
 
+def test_a_disk_that_refuses_o_direct_requests_falls_back_to_the_page_cache(tmp_path):
+    """EINVAL from an O_DIRECT request (a disk with blocks larger than a page): the
+    request is redone buffered, and O_DIRECT is given up; nothing is lost."""
+    store = MemoryObjectStore()
+    old = random.randbytes(2 * MiB)
+    store.put("old", old, {})
+    new = random.randbytes(PART + MiB)
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            engine = c.cache.engine
+            refused: list[int] = []
+
+            class Refusing:  # the engine, but O_DIRECT descriptors answer EINVAL
+                name = engine.name
+
+                def __getattr__(self, attr: str):  # type: ignore[no-untyped-def]
+                    call = getattr(engine, attr)
+
+                    async def checked(fd: int, *args):  # type: ignore[no-untyped-def]
+                        if fd in {cf.dfd for cf in c.cache.files.values()}:
+                            refused.append(fd)
+                            raise OSError(errno.EINVAL, "Invalid argument")
+                        return await call(fd, *args)
+                    return checked
+
+            c.cache.engine = Refusing()  # type: ignore[assignment]
+            cf = c.in_s3("old", len(old))  # fetched with O_DIRECT (a thread, real fds)
+            assert await c.cache.read_lent(cf, MiB, MiB) == old[MiB:]  # refused, redone
+            assert refused and not c.cache.fds.can_direct
+            assert await c.cache.read_lent(cf, 0, MiB) == old[:MiB]
+            written = await c.write_file("new", new)
+            assert not written.chunks[0].direct
+            await c.close_and_flush(written)
+            assert c.store.objects["new"].body == new
+    run(body)
+
+
 def test_descriptors_count_both_twins_against_the_budget(tmp_path):
     store = MemoryObjectStore()
     for i in range(20):
