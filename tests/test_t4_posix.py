@@ -264,6 +264,36 @@ def test_o_append_writes_go_to_the_end(work):
     assert work.body("log") == b"first\nsecond\nthird\n"
 
 
+def test_an_open_reader_sees_what_another_handle_writes_aligned_or_not(work):
+    """A reader with the file in the kernel's page cache, writers that write whole pages
+    (O_DIRECT into the cache file) and unaligned bytes (through its page cache): every
+    read and the object in S3 have the last bytes written."""
+    path = work.path / "ckpt"
+    old, new = os.urandom(2 * MiB), os.urandom(MiB + 100)
+    path.write_bytes(old)
+    expect = bytearray(old)
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(reader, len(old), 0) == old
+        writer = os.open(path, os.O_WRONLY)
+        try:
+            assert os.pwrite(writer, new, 1000) == len(new)
+            expect[1000:1000 + len(new)] = new
+            assert os.pread(reader, len(old), 0) == expect
+        finally:
+            os.close(writer)
+        with open(path, "r+b") as both:
+            both.seek(5)
+            both.write(b"both")
+        expect[5:9] = b"both"
+        assert os.pread(reader, len(old), 0) == expect
+    finally:
+        os.close(reader)
+    assert path.read_bytes() == expect
+    work.flush()
+    assert work.body("ckpt") == expect
+
+
 def test_create_exclusive_on_existing_name_is_eexist(work):
     (work.path / "x").write_bytes(b"1")
     with pytest.raises(FileExistsError):
