@@ -53,7 +53,8 @@ def split_aligned(offset: int, size: int) -> tuple[int, int]:
 
 class DirectOpener:
     """Opens the O_DIRECT twin of a cache file; gives up for good on a filesystem that
-    refuses O_DIRECT (tmpfs says EINVAL), where everything stays buffered."""
+    refuses O_DIRECT (EINVAL, e.g. tmpfs before Linux 6.6), where everything stays
+    buffered."""
 
     def __init__(self) -> None:
         self.supported = True
@@ -77,9 +78,9 @@ class AlignedBuffers:
     lent out as a view is reused only once nobody holds that view.
 
     A FUSE read returns its view to pyfuse3, which copies it to the kernel after the
-    handler returns; a small file's PUT holds its view until the upload ends. So a
-    buffer comes back when its view's reference count is down to the pool's own
-    reference (compared with a probe kept the same way, whatever the interpreter counts).
+    handler returns (so does an open that fills the kernel's page cache). So a buffer
+    comes back when its view's reference count is down to the pool's own reference
+    (compared with a probe kept the same way, whatever the interpreter counts).
     """
 
     def __init__(self, keep: int = 64) -> None:

@@ -368,10 +368,10 @@ class CacheManager:
         return await self._read(cf, offset, size, self._read_cached)
 
     async def read_lent(self, cf: CachedFile, offset: int, size: int) -> bytes | memoryview:
-        """`read` for a reply to the kernel: a large aligned read that misses the page cache
-        skips it (O_DIRECT, see `direct`) and comes back as a read-only view of a reused
-        buffer, which returns to the pool once that view is dropped. So the caller hands
-        the view on whole and keeps no slice of it."""
+        """`read` for a reply to the kernel: an aligned read of chunks stored with O_DIRECT
+        skips the page cache too (see `direct`) and comes back as a read-only view of a
+        reused buffer, which returns to the pool once that view is dropped. So the caller
+        hands the view on whole and keeps no slice of it."""
         return await self._read(cf, offset, size, self._read_lent)
 
     async def _read(self, cf: CachedFile, offset: int, size: int,
