@@ -24,6 +24,8 @@ import os
 import sys
 import threading
 
+from lakefs_mount.uring import write_on_this_thread
+
 log = logging.getLogger(__name__)
 
 ALIGN = 4096  # offsets, lengths and memory of O_DIRECT I/O: the largest logical block size
@@ -56,8 +58,8 @@ class DirectOpener:
     refuses O_DIRECT (EINVAL, e.g. tmpfs before Linux 6.6), where everything stays
     buffered."""
 
-    def __init__(self) -> None:
-        self.supported = True
+    def __init__(self, enabled: bool = True) -> None:
+        self.supported = enabled
 
     def open(self, path: str) -> int | None:
         if not self.supported:
@@ -150,5 +152,5 @@ def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: in
                     done += max(0, written // ALIGN * ALIGN)
                     break
                 done += n
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
+    if done < len(view):
+        write_on_this_thread(fd, view[done:], offset + done)

@@ -34,8 +34,7 @@ class FdTable:
         self.limit = max(2, limit)
         self._lru: OrderedDict[CachedFile, None] = OrderedDict()  # files with an open fd
         self._open = 0  # descriptors, O_DIRECT ones included
-        self._direct = DirectOpener()
-        self._direct.supported = direct
+        self._direct = DirectOpener(direct)
 
     def __len__(self) -> int:
         """How many descriptors are open."""

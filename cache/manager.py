@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -149,7 +150,9 @@ class CacheManager:
             return self.fds.get(cf, "")  # open: no path needed (building one costs)
         path = str(self.cache_path(cf.fid))
         if direct:
-            self.fds.get_direct(cf, path)
+            self.fds.get_direct(cf, path)  # opens the plain descriptor too
+            assert cf.fd is not None
+            return cf.fd
         return self.fds.get(cf, path)
 
     def _dfd(self, cf: CachedFile) -> int | None:
@@ -431,13 +434,30 @@ class CacheManager:
 
     async def _read_lent(self, cf: CachedFile, start: int, end: int) -> bytes | memoryview:
         """`_read_cached`, but an aligned range of up to BUFFER_SIZE in chunks that went to
-        disk with O_DIRECT comes back with O_DIRECT, into a lent buffer. (Trying the page
-        cache first is no way to tell: preadv2(RWF_NOWAIT) starts the readahead it avoids.)
-        """
+        disk with O_DIRECT comes back with O_DIRECT, into a lent buffer."""
+        buf = await self._read_direct(cf, start, end)
+        if buf is None:
+            return await self._read_cached(cf, start, end)
+        return self._buffers.lend(buf, end - start)
+
+    async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
+        """A piece of a part: what went to disk with O_DIRECT comes back the same way."""
+        buf = await self._read_direct(cf, start, end)
+        if buf is None:
+            return await self._read_cached(cf, start, end)
+        data = buf[:end - start]  # bytes; the buffer goes straight back to the pool
+        self._buffers.give_back(buf)
+        return data
+
+    async def _read_direct(self, cf: CachedFile, start: int, end: int) -> mmap.mmap | None:
+        """Bytes [start, end) in an aligned buffer, read with O_DIRECT if its chunks were
+        stored that way; None if they were not (or the range is unaligned or too long).
+        (Trying the page cache first is no way to tell: preadv2(RWF_NOWAIT) starts the
+        readahead it avoids.)"""
         size = end - start
         if (size > BUFFER_SIZE or not aligned(start)
                 or not cf.all_direct(self.parts.chunks_between(start, end))):
-            return await self._read_cached(cf, start, end)
+            return None
         buf = self._buffers.take()
         with memoryview(buf) as view:  # a failed or cancelled read may leave the kernel
             async with self._io(cf, direct=True) as fd:  # writing: then buf is dropped
@@ -451,12 +471,7 @@ class CacheManager:
                     got = await self.engine.read_into(fd, view[:size], start)
             if got < size:
                 view[got:size] = bytes(size - got)
-        return self._buffers.lend(buf, size)
-
-    async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
-        """A piece of a part: what went to disk with O_DIRECT comes back the same way."""
-        data = await self._read_lent(cf, start, end)
-        return data if isinstance(data, bytes) else data.tobytes()
+        return buf
 
     def _base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
         """The part of chunk `idx` that the committed object holds (empty if none)."""
