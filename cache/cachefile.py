@@ -56,6 +56,7 @@ class CachedFile:
     base_key: str | None = None  # committed object the clean bytes come from
     base_size: int = 0
     base_etag: str | None = None
+    s3_meta: dict[str, str] | None = None  # user metadata of the base, when known
     upload_id: str | None = None
     upload_key: str | None = None
     symlink: str | None = None

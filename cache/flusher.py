@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -77,6 +78,7 @@ class Flusher:
         cache.on_chunk_full = self.schedule_part
         cache.on_pressure = self._drain_all_full_chunks
         cache.uploads_busy = self.busy
+        self.on_committed: Callable[[CachedFile], None] = lambda cf: None  # object now in S3
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -391,6 +393,7 @@ class Flusher:
                       and cf.upload_id is None and cf.symlink is None)
         if cf.symlink is not None:
             body = cf.symlink.encode()
+            size = len(body)  # the object's size, as listings show it (the index checks it)
             etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
                                   cf.key, body, meta)
             self.metrics[m.OBJECTS_PUT] += 1
@@ -447,6 +450,7 @@ class Flusher:
             self.cache.chunk_committed(cf, i)
         self._uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
+        cf.s3_meta = meta
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
@@ -457,6 +461,7 @@ class Flusher:
             c.state in PENDING_STATES for c in cf.chunks.values())
         cf.committed_version = version
         self.metrics[m.FILES_COMMITTED] += 1
+        self.on_committed(cf)
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
 
     async def _base_vanished(self, cf: CachedFile) -> bool:

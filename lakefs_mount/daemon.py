@@ -12,6 +12,7 @@ import os
 import resource
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,6 +29,7 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
 from lakefs_mount.control import serve_control
+from lakefs_mount.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fuse_ops import FuseOperations
 from lakefs_mount.layout import PartMap
@@ -53,6 +55,9 @@ FDS_RESERVED = 256
 # of each for 1,000 small files created by 4 writers (4 starts with 16).
 FUSE_IDLE_TASKS = 16
 EMBEDDED_STOP_GRACE = 5.0  # seconds weed gets to exit on SIGTERM before SIGKILL
+# Writing the attribute indexes at a flush or an unmount: they only save HEADs, so an S3
+# that does not take them within this time does not hold the caller up.
+INDEX_WRITE_TIMEOUT = 15.0
 
 
 class StartupError(Exception):
@@ -115,6 +120,13 @@ class Daemon:
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
         self.parts = PartMap(config.part_size)
+        # Names this cache's attribute indexes (dirindex): stable across remounts, distinct
+        # between caches, so mounts on several nodes never overwrite each other's.
+        writer = journal.get_meta("index_writer")
+        if writer is None:
+            writer = uuid.uuid4().hex[:16]
+            journal.set_meta("index_writer", writer)
+        self.index_writer = writer
         self.started = time.time()
         self.engine_name = "?"
         self.terminated = False  # by a signal: the kernel mount is still there
@@ -133,11 +145,16 @@ class Daemon:
                                    commit_delay=config.commit_delay)
             owner = (os.getuid(), os.getgid())
             self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
+            index = DirIndex(self.store, config.prefix, self.index_writer, self.ns.index_entries)
+            self.ns.index = index
+            self.flusher.on_committed = lambda cf: self.ns.index_changed(
+                parent_dir_key(config.prefix, cf.key))
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
+                await nursery.start(index.run)
                 self.ns.on_remote_file = self.cache.adopt_warm
                 self.ns.on_remote_change = self.cache.invalidate
                 self.ns.fetch_small_object = self.cache.fetch_small_object
@@ -160,6 +177,7 @@ class Daemon:
                     pyfuse3.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
                 await self._final_flush()
+                await index.write_changed(INDEX_WRITE_TIMEOUT)
                 await self.journal.write_notes()
                 nursery.cancel_scope.cancel()
 
@@ -241,6 +259,8 @@ class Daemon:
                             "last_error": p.last_error})
 
         await self.fs.flush_files(files, on_progress=report)
+        if self.ns.index is not None:  # so that other mounts list them without HEADs
+            await self.ns.index.write_changed(INDEX_WRITE_TIMEOUT)
         return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:

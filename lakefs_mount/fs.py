@@ -188,6 +188,8 @@ class FileSystem:
         parent = self._inode(parent_ino)
         if not valid_name(name):
             raise FSError(errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL)
+        if self.ns.reserved(parent, name):
+            raise FSError(errno.EPERM, f"{name} at the mount root is lakefs-mount's own")
         if await self._child(parent, name) is not None:
             raise FSError(errno.EEXIST)
         return parent
@@ -215,7 +217,9 @@ class FileSystem:
             raise FSError(errno.ENOENT)
         if not inode.is_dir:
             raise FSError(errno.ENOTDIR)
+        key = self.ns.key_of(inode)
         await self._remove_empty_dir(inode)
+        self.ns.index_changed(key)  # its index goes too
         parent.dir_mtime_ns = time.time_ns()
 
     async def _remove_empty_dir(self, inode: Inode) -> None:
@@ -280,6 +284,7 @@ class FileSystem:
                     await self.store.delete(cf.base_key)
             await self.cache.discard(cf)
         self.ns.detach(inode)
+        self.ns.index_changed(self.ns.key_of(parent))
         parent.dir_mtime_ns = time.time_ns()
         if cf.openers == 0:
             self.cache.close_file(cf)
@@ -326,6 +331,8 @@ class FileSystem:
             raise FSError(errno.ENOENT)
         if not valid_name(name_new):
             raise FSError(errno.EINVAL)
+        if self.ns.reserved(dst_parent, name_new):
+            raise FSError(errno.EPERM, f"{name_new} at the mount root is lakefs-mount's own")
         if inode.is_dir and self._is_within(dst_parent, inode):
             raise FSError(errno.EINVAL)  # a directory cannot move into itself
         target = await self._child(dst_parent, name_new)
@@ -335,10 +342,14 @@ class FileSystem:
             if flags & RENAME_NOREPLACE:
                 raise FSError(errno.EEXIST)
             await self._drop_rename_target(inode, target)
+        moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
+        old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
         if inode.is_dir:
             await self._rename_dir(inode, dst_parent, name_new)
         else:
             await self._rename_file(inode, dst_parent, name_new)
+        for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
+            self.ns.index_changed(key)
         now = time.time_ns()
         src_parent.dir_mtime_ns = dst_parent.dir_mtime_ns = now
 

@@ -23,6 +23,8 @@ RECOVERED_FILES = "recovered_files"
 CACHE_EVICTIONS = "cache_evictions"
 WRITER_WAITS = "writer_waits"  # writes that waited for --max-dirty backpressure
 CACHE_FULL_WAITS = "cache_full_waits"  # cache-file writes that hit ENOSPC and made room
+INDEX_READS = "index_reads"  # GETs of directories' attribute indexes (see dirindex)
+INDEX_WRITES = "index_writes"  # PUTs of this mount's attribute indexes
 PAGE_CACHE_FILLS = "page_cache_fills"  # small files handed to the kernel with their open
 
 

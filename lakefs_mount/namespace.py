@@ -20,6 +20,7 @@ import trio
 
 from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
 from lakefs_mount.layout import decode_attrs
 from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
 
@@ -54,6 +55,7 @@ class Inode:
     children: dict[str, int] = field(default_factory=dict)
     listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
     headed: bool = True  # False: attributes are listing defaults until a HEAD
+    indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
     lookups: int = 0
     ctime_ns: int = 0
 
@@ -110,6 +112,8 @@ class Namespace:
         # GETs a small object whole at lookup, its bytes into the cache: its HEAD and the
         # read that follows in one request (None: it does not exist).
         self.fetch_small_object: Callable[[CachedFile], Awaitable[ObjectInfo | None]] | None = None
+        # Directories' attribute indexes (None: HEAD every listed file before readdir).
+        self.index: DirIndex | None = None
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -125,6 +129,20 @@ class Namespace:
             parts.append(inode.name)
             inode = self.inodes[inode.parent]
         return "/".join(reversed(parts))
+
+    def reserved(self, parent: Inode, name: str) -> bool:
+        """The mount's own folder at the root (attribute indexes): never shown or created."""
+        return parent.ino == ROOT_INO and name == RESERVED_NAME
+
+    def dir_by_key(self, dir_key: str) -> Inode | None:
+        """The directory whose key is `dir_key`, if this mount knows it."""
+        inode = self.inodes[ROOT_INO]
+        for name in dir_key[len(self.prefix):].split("/")[:-1] if dir_key != self.prefix else []:
+            child = self.child(inode, name)
+            if child is None or not child.is_dir:
+                return None
+            inode = child
+        return inode
 
     def key_of(self, inode: Inode) -> str:
         path = self.path_of(inode)
@@ -239,7 +257,7 @@ class Namespace:
         seen: set[str] = set()
         for sub in listing.prefixes:
             name = sub[len(prefix):].rstrip("/")
-            if not valid_name(name):
+            if not valid_name(name) or self.reserved(dir_inode, name):
                 continue
             seen.add(name)
             if self.child(dir_inode, name) is None:
@@ -282,6 +300,7 @@ class Namespace:
         cf.base_key = obj.key
         cf.validated_at = time.monotonic()
         cf.mtime_ns = int(obj.mtime * 1e9)
+        cf.s3_meta = None
         inode.headed = False
 
     def _has_local_state(self, inode: Inode) -> bool:
@@ -310,14 +329,14 @@ class Namespace:
             self.apply_metadata(inode, info)
 
     async def ensure_children_headed(self, dir_inode: Inode) -> None:
-        """HEAD the listed files of a directory before readdir hands out their attributes.
+        """Attributes of the listed files before readdir hands them out: from the
+        directory's attribute indexes (dirindex), else a HEAD each.
 
         readdirplus gives the kernel each entry's type and attributes; a listing knows
         neither a symlink from a file nor the stored mode, and the kernel refuses an inode
         whose type changes later (EIO). The HEADs run concurrently, bounded.
         """
-        todo = [self.inodes[ino] for ino in dir_inode.children.values()
-                if ino in self.inodes and not self.inodes[ino].headed]
+        todo = await self._apply_index(dir_inode)
         if not todo:
             return
         limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
@@ -333,11 +352,58 @@ class Namespace:
         except ExceptionGroup as group:
             raise group.exceptions[0] from group
 
+    async def _apply_index(self, dir_inode: Inode) -> list[Inode]:
+        """Attributes of listed files from the directory's indexes, where an entry matches
+        the listed ETag and size (and writers agree); returns the files still unheaded."""
+        todo = [self.inodes[ino] for ino in dir_inode.children.values()
+                if ino in self.inodes and not self.inodes[ino].headed]
+        if not todo or self.index is None or dir_inode.indexed_at == dir_inode.listed_at:
+            return todo  # (the indexes were read since the last listing)
+        dir_inode.indexed_at = dir_inode.listed_at
+        found = await self.index.load(self.key_of(dir_inode))
+        left = []
+        for inode in todo:
+            cf = inode.file
+            assert cf is not None
+            if inode.headed:  # a HEAD or a lookup got there while the index loaded
+                continue
+            metas = [e.meta for e in found.get(inode.name, ())
+                     if e.etag == cf.base_etag and e.size == cf.base_size]
+            if not metas or any(meta != metas[0] for meta in metas) or cf.base_key != cf.key:
+                left.append(inode)
+                continue
+            inode.headed = True
+            self.apply_metadata(inode, ObjectInfo(cf.key, cf.base_size, cf.base_etag or "",
+                                                  cf.mtime_ns / 1e9, metas[0]))
+        return left
+
+    async def index_entries(self, dir_key: str) -> dict[str, IndexEntry] | None:
+        """What this mount knows of the objects in a directory, for its index (None: the
+        directory is gone). Files listed but not yet known take what the indexes say first,
+        so a rewrite after a remount keeps the entries of the mount before."""
+        dir_inode = self.dir_by_key(dir_key)
+        if dir_inode is None:
+            return None
+        await self._apply_index(dir_inode)
+        out: dict[str, IndexEntry] = {}
+        for name, ino in dir_inode.children.items():
+            cf = self.inodes[ino].file if ino in self.inodes else None
+            if (cf is not None and self.inodes[ino].headed and cf.s3_meta is not None
+                    and cf.base_etag and cf.base_key == cf.key and not cf.unlinked):
+                out[name] = IndexEntry(cf.base_etag, cf.base_size, cf.s3_meta)
+        return out
+
+    def index_changed(self, dir_key: str) -> None:
+        """This mount changed what the directory holds in S3: its index is due a rewrite."""
+        if self.index is not None:
+            self.index.changed(dir_key)
+
     def apply_metadata(self, inode: Inode, info: ObjectInfo) -> None:
         cf = inode.file
         assert cf is not None
         if cf.pending:
             return  # local changes not yet committed win over what S3 still holds
+        cf.s3_meta = dict(info.metadata)
         attrs = decode_attrs(info.metadata)
         if attrs.mode is not None:
             cf.mode = attrs.mode

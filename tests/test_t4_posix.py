@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mounting import Mount
 
+from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
 from lakefs_mount.s3store import S3ObjectStore
 
@@ -96,7 +97,8 @@ def renameat2(src: Path, dst: Path, flags: int) -> None:
 
 
 def keys(s3, prefix: str = "") -> set[str]:
-    return {o.key for o in s3.list_recursive(prefix)}
+    """Keys under `prefix`; the mount's attribute indexes left out."""
+    return {o.key for o in s3.list_recursive(prefix) if not o.key.startswith(RESERVED_NAME + "/")}
 
 
 def body(s3, key: str) -> bytes:

@@ -131,6 +131,8 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import torch  # noqa: E402  (installed by packaging/setup.sh: the `frameworks` extra)
 
+from lakefs_mount.dirindex import RESERVED_NAME  # noqa: E402
+
 
 def _dcp_save(directory: Path, store: Path, *, mib_per_rank: int, seed: int = 0,
               async_dir: Path | None = None, reference: Path | None = None,
@@ -172,8 +174,10 @@ def _ok(proc: subprocess.CompletedProcess, what: str) -> None:
 
 
 def _keys(s3, prefix: str = "") -> dict[str, int]:
-    """Objects under `prefix` and their sizes; directory markers (`dir/`) left out."""
-    return {o.key: o.size for o in s3.list_recursive(prefix) if not o.key.endswith("/")}
+    """Objects under `prefix` and their sizes; directory markers (`dir/`) and the mount's
+    attribute indexes left out."""
+    return {o.key: o.size for o in s3.list_recursive(prefix)
+            if not o.key.endswith("/") and not o.key.startswith(RESERVED_NAME + "/")}
 
 
 def _flushed(m) -> None:
