@@ -28,13 +28,13 @@ from lakefs_mount.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-RESERVED_NAME = ".lakefs-mount"  # at the mount root: never shown, never created
+RESERVED_NAME = ".lakefs-mount"  # a name the mount never shows nor lets anyone create
 INDEX_FOLDER = RESERVED_NAME + "/attrs/"
 FORMAT = 1
 WRITE_DELAY = 1.0  # commits arriving within this time go into one rewrite of the index
 MAX_ENTRIES = 100_000  # a bigger directory has no index (~150 bytes an entry)
 LOAD_CONCURRENCY = 8
-RETRY_DELAY = 10.0
+RETRY_DELAYS = (10.0, 300.0)  # after a failed round, doubling (S3 may refuse for good)
 WRITER_SHARE = 10  # the writer sleeps at least this many times as long as its last round
 
 
@@ -112,7 +112,7 @@ class DirIndex:
         found: dict[str, list[IndexEntry]] = {}
         try:
             listing = await self.store.list_dir(folder)
-        except ObjectStoreError as exc:
+        except (ObjectStoreError, OSError) as exc:
             log.info("attribute index of %s not read (%s): HEADs instead", dir_key, exc)
             return found
         limiter = trio.CapacityLimiter(LOAD_CONCURRENCY)
@@ -126,7 +126,7 @@ class DirIndex:
                 self.store.metrics[m.INDEX_READS] += 1
                 try:
                     entries = await self.store.call(read, key)
-                except ObjectStoreError as exc:
+                except (ObjectStoreError, OSError) as exc:
                     log.info("attribute index %s not read: %s", key, exc)
                     return
             for name, entry in entries.items():
@@ -148,7 +148,7 @@ class DirIndex:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         task_status.started()
-        took = 0.0
+        took, retry = 0.0, RETRY_DELAYS[0]
         while True:
             await self._wake.wait()
             # Let a burst of commits land first; and rewriting big indexes while files keep
@@ -158,8 +158,11 @@ class DirIndex:
             started = trio.current_time()
             ok = await self.write_changed()
             took = trio.current_time() - started
-            if not ok:
-                await trio.sleep(RETRY_DELAY)
+            if ok:
+                retry = RETRY_DELAYS[0]
+            else:
+                await trio.sleep(retry)
+                retry = min(2 * retry, RETRY_DELAYS[1])
                 self._wake.set()
 
     async def write_changed(self, timeout: float = math.inf) -> bool:
@@ -173,7 +176,7 @@ class DirIndex:
                     try:
                         await self._write(dir_key)
                         done.add(dir_key)
-                    except ObjectStoreError as exc:
+                    except (ObjectStoreError, OSError) as exc:
                         log.warning("attribute index of %s not written: %s", dir_key, exc)
             self._changed |= todo - done
             return done == todo

@@ -22,6 +22,7 @@ from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.layout import encode_attrs
 from lakefs_mount.namespace import (
     ROOT_INO,
@@ -186,10 +187,10 @@ class FileSystem:
         """The parent of a name about to be created; EEXIST if it is taken."""
         self._writable_fs()
         parent = self._inode(parent_ino)
+        if name == RESERVED_NAME:
+            raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
         if not valid_name(name):
             raise FSError(errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL)
-        if self.ns.reserved(parent, name):
-            raise FSError(errno.EPERM, f"{name} at the mount root is lakefs-mount's own")
         if await self._child(parent, name) is not None:
             raise FSError(errno.EEXIST)
         return parent
@@ -329,10 +330,10 @@ class FileSystem:
         inode = await self._child(src_parent, name_old)
         if inode is None:
             raise FSError(errno.ENOENT)
+        if name_new == RESERVED_NAME:
+            raise FSError(errno.EPERM, f"the name {name_new} is lakefs-mount's own")
         if not valid_name(name_new):
             raise FSError(errno.EINVAL)
-        if self.ns.reserved(dst_parent, name_new):
-            raise FSError(errno.EPERM, f"{name_new} at the mount root is lakefs-mount's own")
         if inode.is_dir and self._is_within(dst_parent, inode):
             raise FSError(errno.EINVAL)  # a directory cannot move into itself
         target = await self._child(dst_parent, name_new)

@@ -130,10 +130,6 @@ class Namespace:
             inode = self.inodes[inode.parent]
         return "/".join(reversed(parts))
 
-    def reserved(self, parent: Inode, name: str) -> bool:
-        """The mount's own folder at the root (attribute indexes): never shown or created."""
-        return parent.ino == ROOT_INO and name == RESERVED_NAME
-
     def dir_by_key(self, dir_key: str) -> Inode | None:
         """The directory whose key is `dir_key`, if this mount knows it."""
         inode = self.inodes[ROOT_INO]
@@ -257,7 +253,7 @@ class Namespace:
         seen: set[str] = set()
         for sub in listing.prefixes:
             name = sub[len(prefix):].rstrip("/")
-            if not valid_name(name) or self.reserved(dir_inode, name):
+            if not valid_name(name):
                 continue
             seen.add(name)
             if self.child(dir_inode, name) is None:
@@ -440,5 +436,7 @@ class Namespace:
 
 
 def valid_name(name: str) -> bool:
-    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name \
-        and len(os.fsencode(name)) <= 255
+    """A name POSIX can show, and not lakefs-mount's own folder (attribute indexes: under
+    the mount root, and under the root of any mount of a deeper prefix)."""
+    return bool(name) and name != RESERVED_NAME and "/" not in name \
+        and name not in (".", "..") and "\0" not in name and len(os.fsencode(name)) <= 255

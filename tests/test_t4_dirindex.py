@@ -9,16 +9,22 @@ import os
 import stat
 
 import pytest
+import trio
 
+from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.dirindex import (
     INDEX_FOLDER,
     RESERVED_NAME,
+    DirIndex,
     IndexEntry,
     decode,
     encode,
     index_folder,
     parent_dir_key,
 )
+from lakefs_mount.memstore import MemoryObjectStore
+from lakefs_mount.metrics import Metrics
+from lakefs_mount.objectstore import AccessDenied
 
 
 def _tree(root) -> dict[str, tuple]:
@@ -136,16 +142,26 @@ def test_a_renamed_or_removed_directory_takes_its_indexes_along(mount, s3):
     assert folders == {INDEX_FOLDER + "step"}
 
 
-def test_the_reserved_folder_cannot_be_made_at_the_root_but_anywhere_else(mount):
-    for make in (lambda p: p.mkdir(), lambda p: p.write_bytes(b""),
-                 lambda p: os.symlink("x", p),
-                 lambda p: os.rename(mount.path / "f", p)):
-        (mount.path / "f").write_bytes(b"f")
-        with pytest.raises(PermissionError) as exc:
-            make(mount.path / RESERVED_NAME)
-        assert exc.value.errno == errno.EPERM
-    (mount.path / "d" / RESERVED_NAME).mkdir(parents=True)
-    assert os.listdir(mount.path / "d") == [RESERVED_NAME]
+def test_the_reserved_name_is_never_shown_nor_created(mount_factory, s3):
+    """`.lakefs-mount` holds the indexes under the mount root; a mount of a deeper prefix
+    keeps its own there too, which a mount of the whole bucket must not show either."""
+    m = mount_factory()
+    (m.path / "d").mkdir()
+    for parent in (m.path, m.path / "d"):
+        for make in (lambda p: p.mkdir(), lambda p: p.write_bytes(b""),
+                     lambda p: os.symlink("x", p),
+                     lambda p: os.rename(m.path / "f", p)):
+            (m.path / "f").write_bytes(b"f")
+            with pytest.raises(PermissionError) as exc:
+                make(parent / RESERVED_NAME)
+            assert exc.value.errno == errno.EPERM
+    assert m.flush().returncode == 0
+    s3.put(f"d/{RESERVED_NAME}", b"made by another tool", {})
+    s3.put(f"d/{RESERVED_NAME}/attrs/x.json", b"{}", {})
+    fresh = mount_factory(name="fresh")
+    assert sorted(os.listdir(fresh.path)) == ["d", "f"]
+    assert os.listdir(fresh.path / "d") == []
+    assert not os.path.lexists(fresh.path / "d" / RESERVED_NAME)
 
 
 # -- the index format ---------------------------------------------------------------------
@@ -166,3 +182,40 @@ def test_index_keys_sit_in_the_reserved_folder_under_the_mount_prefix():
     assert parent_dir_key("pre/", "pre/a/b/f") == "pre/a/b/"
     assert parent_dir_key("pre/", "pre/f") == "pre/"
     assert parent_dir_key("", "f") == ""
+
+
+# -- the index writer ---------------------------------------------------------------------
+
+class _RefusingStore(MemoryObjectStore):
+    """An S3 that refuses the index objects (a bucket policy, say) until told otherwise."""
+
+    refuse = True
+
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+        if self.refuse and key.startswith(INDEX_FOLDER):
+            raise AccessDenied(f"PutObject {key}: AccessDenied")
+        return super().put(key, body, metadata)
+
+
+def test_an_index_that_cannot_be_written_stays_due_and_never_raises():
+    store = _RefusingStore()
+    entries = {"f": IndexEntry("e", 1, {"mode": "33188"})}
+
+    async def snapshot(dir_key: str) -> dict[str, IndexEntry] | None:
+        return entries if dir_key == "d/" else None
+
+    async def main() -> None:
+        index = DirIndex(AsyncStore(store, Metrics()), "", "w1", snapshot)
+        index.changed("d/")
+        assert await index.write_changed() is False
+        assert await index.load("d/") == {}
+        store.refuse = False
+        assert await index.write_changed() is True  # still due: written now
+        assert await index.load("d/") == {"f": [entries["f"]]}
+        assert await index.write_changed() is True  # nothing due any more
+        index.changed("d/")
+        entries["f"] = IndexEntry("e2", 2, {})
+        assert await index.write_changed() is True
+        assert await index.load("d/") == {"f": [entries["f"]]}
+
+    trio.run(main)
