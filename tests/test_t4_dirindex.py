@@ -78,6 +78,28 @@ def test_a_fresh_mount_lists_attributes_from_the_indexes_without_a_head_per_file
     assert writer.unmount().returncode == 0
 
 
+def test_a_mount_of_a_prefix_keeps_its_indexes_under_that_prefix(mount_factory, s3):
+    """Files at the root of a prefix mount and below it; the whole-bucket mount sees the
+    prefix mount's files but not its reserved folder."""
+    writer = mount_factory(prefix="team/run1", name="writer")
+    (writer.path / "top.bin").write_bytes(b"t" * 10)
+    os.chmod(writer.path / "top.bin", 0o600)
+    (writer.path / "sub").mkdir()
+    (writer.path / "sub" / "low.bin").write_bytes(b"l" * 20)
+    os.chmod(writer.path / "sub" / "low.bin", 0o640)
+    assert writer.flush().returncode == 0
+    folders = {o.key.rsplit("/", 1)[0] for o in s3.list_recursive("team/")
+               if RESERVED_NAME in o.key}
+    assert folders == {f"team/run1/{INDEX_FOLDER}".rstrip("/"),
+                       f"team/run1/{INDEX_FOLDER}sub"}
+
+    reader = mount_factory(prefix="team/run1", name="reader")
+    assert _tree(reader.path) == _tree(writer.path)
+    assert reader.counters().get("heads", 0) == 0
+    whole = mount_factory(name="whole")
+    assert sorted(os.listdir(whole.path / "team" / "run1")) == ["sub", "top.bin"]
+
+
 def test_an_index_entry_counts_only_while_the_object_is_unchanged(mount_factory, s3):
     m = mount_factory(name="writer")
     (m.path / "d").mkdir()
