@@ -145,7 +145,8 @@ class Daemon:
                                    commit_delay=config.commit_delay)
             owner = (os.getuid(), os.getgid())
             self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
-            index = DirIndex(self.store, config.prefix, self.index_writer, self.ns.index_entries)
+            self.index = index = DirIndex(self.store, config.prefix, self.index_writer,
+                                          self.ns.index_entries)
             self.ns.index = index
             self.flusher.on_committed = lambda cf: self.ns.index_changed(
                 parent_dir_key(config.prefix, cf.key))
@@ -259,8 +260,7 @@ class Daemon:
                             "last_error": p.last_error})
 
         await self.fs.flush_files(files, on_progress=report)
-        if self.ns.index is not None:  # so that other mounts list them without HEADs
-            await self.ns.index.write_changed(INDEX_WRITE_TIMEOUT)
+        await self.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
         return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:

@@ -133,8 +133,8 @@ class DirIndex:
                 found.setdefault(name, []).append(entry)
 
         async with trio.open_nursery() as nursery:
-            for obj in listing.objects:
-                if obj.key.endswith(".json") and "/" not in obj.key[len(folder):]:
+            for obj in listing.objects:  # directly in the folder (a delimiter listing)
+                if obj.key.endswith(".json"):
                     nursery.start_soon(one, obj.key)
         return found
 

@@ -383,8 +383,9 @@ class Namespace:
         await self._apply_index(dir_inode)
         out: dict[str, IndexEntry] = {}
         for name, ino in dir_inode.children.items():
-            cf = self.inodes[ino].file if ino in self.inodes else None
-            if (cf is not None and self.inodes[ino].headed and cf.s3_meta is not None
+            inode = self.inodes.get(ino)
+            cf = inode.file if inode is not None else None
+            if (cf is not None and inode is not None and inode.headed and cf.s3_meta is not None
                     and cf.base_etag and cf.base_key == cf.key and not cf.unlinked):
                 out[name] = IndexEntry(cf.base_etag, cf.base_size, cf.s3_meta)
         return out
