@@ -88,7 +88,7 @@ def _daemon_child(config: MountConfig, write_fd: int) -> None:
         os.close(log_fd)
         from lakefs_mount.logsetup import setup_logging
 
-        setup_logging(config.log_level, config.log_file, foreground=False)
+        setup_logging(config.log_level, config.log_file, foreground=False, own_stdio=True)
         rc = _import_run_mount()(config, report_ready)
         if not reported:
             report_ready(f"the daemon exited (status {rc}) without mounting; "

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from lakefs_mount.logsetup import LOG_MAX_BYTES, rotate_log
 from lakefs_mount.objectstore import ObjectStoreError
 
 if TYPE_CHECKING:
@@ -325,6 +326,8 @@ class EmbeddedS3:
         attempts = 3  # a port taken between choosing and binding: retry with new ones
         for attempt in range(attempts):
             self._ports = self._choose_ports()
+            if self.log_path.exists() and self.log_path.stat().st_size > LOG_MAX_BYTES:
+                rotate_log(self.log_path)  # weed appends to it until it stops
             with open(self.log_path, "ab") as log:
                 log.write(f"\n==== lakefs-mount: starting {self._command(weed)}\n".encode())
                 log.flush()

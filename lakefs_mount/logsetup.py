@@ -7,6 +7,7 @@ carry access keys or signatures, and log files get pasted into bug reports.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import re
 import sys
@@ -16,6 +17,8 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MASK = "***"
 SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _NOISY = ("botocore", "boto3", "s3transfer", "urllib3")
+LOG_MAX_BYTES = 16 * 1024 * 1024  # a mount runs for weeks: its logs rotate at this size
+LOG_KEEP = 4  # older files kept: log.1 (newest) ... log.4
 
 _KEY_NAMES = (r"aws_secret_access_key|aws_access_key_id|aws_session_token|"
               r"secret_access_key|secretaccesskey|access_key_id|accesskeyid|"
@@ -89,8 +92,50 @@ def open_log_file(log_file: Path) -> None:
         os.close(fd)
 
 
-def setup_logging(level: str, log_file: Path | None, foreground: bool) -> None:
-    """Configure the root logger: stderr when in the foreground, plus `log_file` if given.
+def rotate_log(path: Path, keep: int = LOG_KEEP) -> None:
+    """Shift `path` to `path.1`, `path.1` to `path.2` and so on; the oldest is dropped.
+    The files keep their private mode: they are renamed, never copied."""
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    if path.exists():
+        os.replace(path, path.with_name(f"{path.name}.1"))
+
+
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A log file that rotates at LOG_MAX_BYTES, every file 0600.
+
+    With `own_stdio` (the daemon, whose stdout and stderr are its log file), a rotation
+    points file descriptors 1 and 2 at the new file too, so a traceback printed by the
+    interpreter lands next to the log lines instead of in a rotated file."""
+
+    def __init__(self, log_file: Path, own_stdio: bool) -> None:
+        open_log_file(log_file)
+        super().__init__(log_file, maxBytes=LOG_MAX_BYTES, backupCount=LOG_KEEP,
+                         encoding="utf-8")
+        self._own_stdio = own_stdio
+
+    def doRollover(self) -> None:  # noqa: N802 - logging's name
+        if self.stream:
+            self.stream.close()
+            self.stream = None  # type: ignore[assignment]
+        log_file = Path(self.baseFilename)
+        rotate_log(log_file, self.backupCount)
+        open_log_file(log_file)
+        self.stream = self._open()
+        if self._own_stdio:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(self.stream.fileno(), 1)
+            os.dup2(self.stream.fileno(), 2)
+
+
+def setup_logging(level: str, log_file: Path | None, foreground: bool,
+                  own_stdio: bool = False) -> None:
+    """Configure the root logger: stderr when in the foreground, plus `log_file` if given
+    (rotated, see PrivateRotatingFileHandler; `own_stdio`: this process's stdout and
+    stderr are that file).
 
     Calling it again replaces the handlers it installed before.
     """
@@ -106,8 +151,7 @@ def setup_logging(level: str, log_file: Path | None, foreground: bool) -> None:
     if foreground:
         handlers.append(logging.StreamHandler(sys.stderr))
     if log_file is not None:
-        open_log_file(log_file)
-        handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
+        handlers.append(PrivateRotatingFileHandler(log_file, own_stdio))
     formatter = logging.Formatter(FORMAT)
     for handler in handlers:
         handler.setFormatter(formatter)

@@ -8,12 +8,15 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from test_t2_mountpoint import needs_fuse, needs_root, stale_fuse  # noqa: F401 (fixture)
 
+from lakefs_mount import logsetup
 from lakefs_mount.cli.main import cli, describe_progress, format_status
 from lakefs_mount.logsetup import RedactingFilter, redact, register_secret, setup_logging
 from lakefs_mount.mountpoint import is_mounted
@@ -217,14 +220,26 @@ def test_redact_patterns(monkeypatch):
     assert "embedded-s3-secret" not in redact("key embedded-s3-secret")
 
 
-def test_log_file_is_private_and_redacted(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret-xyz")
-    log_file = tmp_path / "logs" / "m.log"
+@contextmanager
+def logging_into(log_file: Path) -> Iterator[logging.Logger]:
+    """The daemon's logging set up as a daemonized mount has it, taken down afterwards."""
     root = logging.getLogger()
     old_level = root.level
     try:
         setup_logging("INFO", log_file, foreground=False)
-        logger = logging.getLogger("lakefs_mount.test")
+        yield logging.getLogger("lakefs_mount.test")
+    finally:
+        for handler in list(root.handlers):
+            if getattr(handler, "_lakefs_mount", False):
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(old_level)
+
+
+def test_log_file_is_private_and_redacted(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret-xyz")
+    log_file = tmp_path / "logs" / "m.log"
+    with logging_into(log_file) as logger:
         logger.info("config %s", {"aws_secret_access_key": "s3cr3t-value"})
         logger.warning("env leak envsecret-xyz")
         try:
@@ -232,15 +247,9 @@ def test_log_file_is_private_and_redacted(tmp_path, monkeypatch):
         except ValueError:
             logger.exception("upload failed")
         logging.getLogger("botocore.endpoint").info("botocore chatter")
-        for handler in root.handlers:
+        for handler in logging.getLogger().handlers:
             handler.flush()
         text = log_file.read_text()
-    finally:
-        for handler in list(root.handlers):
-            if getattr(handler, "_lakefs_mount", False):
-                root.removeHandler(handler)
-                handler.close()
-        root.setLevel(old_level)
     assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
     assert "INFO lakefs_mount.test: config" in text
     assert "upload failed" in text and "Traceback" in text
@@ -352,3 +361,47 @@ def test_status_flush_unmount_against_fake_daemon(fake_mount):
     assert code == 0, err
     assert not is_mounted(target)
     assert proc.poll() is not None  # unmount returned only after the daemon exited
+
+
+def test_log_file_rotates_and_stays_private(tmp_path, monkeypatch):
+    """A mount runs for weeks: its log rotates at LOG_MAX_BYTES and keeps LOG_KEEP older
+    files, every one 0600, the newest lines in the current file."""
+    monkeypatch.setattr(logsetup, "LOG_MAX_BYTES", 4096)
+    log_file = tmp_path / "logs" / "m.log"
+    with logging_into(log_file) as logger:
+        for i in range(400):
+            logger.info("line %04d %s", i, "x" * 60)
+    files = sorted(p.name for p in log_file.parent.iterdir())
+    assert files == ["m.log"] + [f"m.log.{i}" for i in range(1, logsetup.LOG_KEEP + 1)]
+    for path in log_file.parent.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        assert path.stat().st_size <= 4096
+    assert "line 0399" in log_file.read_text()
+    assert "line 0000" not in "".join(p.read_text() for p in log_file.parent.iterdir())
+    newest_rotated = (tmp_path / "logs" / "m.log.1").read_text()
+    assert "line 03" in newest_rotated and "line 0399" not in newest_rotated
+
+
+def test_daemon_stderr_follows_the_rotated_log(tmp_path):
+    """The daemon's stderr is its log file: after a rotation, what the interpreter prints
+    there (a traceback) lands in the current file, not in a rotated one."""
+    log_file = tmp_path / "d.log"
+    script = textwrap.dedent(f"""
+        import logging, os, sys
+        from pathlib import Path
+        from lakefs_mount import logsetup
+        logsetup.LOG_MAX_BYTES = 2048
+        log_file = Path({str(log_file)!r})
+        logsetup.open_log_file(log_file)
+        fd = os.open(log_file, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
+        logsetup.setup_logging("INFO", log_file, foreground=False, own_stdio=True)
+        for i in range(100):
+            logging.getLogger("lakefs_mount.test").info("line %d %s", i, "y" * 40)
+        print("stderr-after-rotation", file=sys.stderr, flush=True)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert "stderr-after-rotation" in log_file.read_text()
+    assert (tmp_path / "d.log.1").exists()
+    rotated = "".join(p.read_text() for p in tmp_path.glob("d.log.*"))
+    assert "stderr-after-rotation" not in rotated

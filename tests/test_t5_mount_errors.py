@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from mounting import CLI, Mount, _wait_gone, cli
 
+from lakefs_mount import embedded
 from lakefs_mount.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 from lakefs_mount.mountpoint import is_mounted
 
@@ -388,6 +389,23 @@ def test_embedded_leftover_weed_is_replaced(tmp_path: Path) -> None:
         finally:
             new.stop(timeout=2)
     finally:
+        kill_weeds(state)
+
+
+def test_embedded_weed_log_rotates_at_start(tmp_path: Path, monkeypatch) -> None:
+    """weed appends to weed.log for as long as it runs; a start finding it over
+    LOG_MAX_BYTES moves it to weed.log.1 first, so restarts never grow it without bound."""
+    monkeypatch.setattr(embedded, "LOG_MAX_BYTES", 1000)
+    state = tmp_path / "embedded"
+    state.mkdir(mode=0o700)
+    (state / "weed.log").write_text("old run\n" * 200)
+    server = EmbeddedS3(state).start()
+    try:
+        assert (state / "weed.log.1").read_text() == "old run\n" * 200
+        assert "==== lakefs-mount: starting" in (state / "weed.log").read_text()
+        assert "old run" not in (state / "weed.log").read_text()
+    finally:
+        server.stop(timeout=2)
         kill_weeds(state)
 
 
