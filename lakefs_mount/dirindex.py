@@ -24,7 +24,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.aiostore import AsyncStore
-from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.objectstore import ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ class DirIndex:
             return done == todo
 
     async def _write(self, dir_key: str) -> None:
+        if not key_fits(self.own_key(dir_key)):
+            return  # a directory this deep gets no index (nor can it have one): HEADs
         entries = await self.snapshot(dir_key)
         if entries is None:  # the directory is gone (removed, renamed): every writer's index
             self._written.pop(dir_key, None)

@@ -32,7 +32,7 @@ from lakefs_mount.namespace import (
     Namespace,
     valid_name,
 )
-from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class FileSystem:
         async with s3_errors(f"PUT {key}"):
             await self.store.call(self.store.sync.put, key, b"", meta)
 
-    async def _new_name(self, parent_ino: int, name: str) -> Inode:
+    async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
         self._writable_fs()
         parent = self._inode(parent_ino)
@@ -191,12 +191,18 @@ class FileSystem:
             raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
         if not valid_name(name):
             raise FSError(errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL)
+        self._check_key(self.ns.key_of(parent) + name + ("/" if is_dir else ""))
         if await self._child(parent, name) is not None:
             raise FSError(errno.EEXIST)
         return parent
 
+    def _check_key(self, key: str) -> None:
+        if not key_fits(key):
+            raise FSError(errno.ENAMETOOLONG,
+                          f"{key[:60]}... would need an S3 key over {MAX_KEY_BYTES} bytes")
+
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
-        parent = await self._new_name(parent_ino, name)
+        parent = await self._new_name(parent_ino, name, is_dir=True)
         now = time.time_ns()
         inode = self.ns.add(parent, name, Kind.DIR, dir_mode=stat.S_IFDIR | (mode & 0o7777),
                             dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
@@ -334,6 +340,7 @@ class FileSystem:
             raise FSError(errno.EPERM, f"the name {name_new} is lakefs-mount's own")
         if not valid_name(name_new):
             raise FSError(errno.EINVAL)
+        self._check_key(self.ns.key_of(dst_parent) + name_new + ("/" if inode.is_dir else ""))
         if inode.is_dir and self._is_within(dst_parent, inode):
             raise FSError(errno.EINVAL)  # a directory cannot move into itself
         target = await self._child(dst_parent, name_new)
@@ -443,6 +450,8 @@ class FileSystem:
             # be rekeyed without being copied and stay behind under the old prefix
             async with s3_errors(f"listing {old_prefix}"):
                 objects = await self.store.list_recursive(old_prefix)
+            for key in [*(o.key for o in objects), *(cf.key for cf in files)]:
+                self._check_key(moved(key))  # before anything moves
             for cf in files:  # pending data follows the new names; bases stay until copied
                 await self._abandon_upload(cf)
                 await self.cache.rekey(cf, moved(cf.key), cf.base_key)

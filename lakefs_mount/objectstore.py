@@ -8,9 +8,18 @@ Keys are full keys inside the bucket (the mount prefix already applied).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
+
+MAX_KEY_BYTES = 1024  # S3's limit on the length of a key
+
+
+def key_fits(key: str) -> bool:
+    """S3 refuses longer keys: the mount refuses a name that would need one when it is
+    made (ENAMETOOLONG), instead of accepting data whose commit can never succeed."""
+    return len(os.fsencode(key)) <= MAX_KEY_BYTES
 
 
 class ObjectStoreError(Exception):

@@ -653,6 +653,47 @@ def test_name_longer_than_255_bytes_is_enametoolong(work):
     assert exc.value.errno == errno.ENAMETOOLONG
 
 
+def test_name_whose_s3_key_would_pass_1024_bytes_is_enametoolong(work):
+    """S3 keys hold at most 1024 bytes. A name that would need a longer key is refused when
+    it is made, instead of taking data whose commit fails for ever (flush never returns 0)."""
+    deep, key = work.path, work.prefix
+    while 1024 - (len(key) + 201) >= 50:
+        deep, key = deep / ("d" * 200), key + "d" * 200 + "/"
+        deep.mkdir()
+    room = 1024 - len(key)  # 50 <= room <= 250: the longest file name that fits here
+    (deep / ("f" * room)).write_bytes(b"fits")
+
+    def refused(call) -> None:
+        with pytest.raises(OSError) as exc:
+            call()
+        assert exc.value.errno == errno.ENAMETOOLONG
+
+    refused(lambda: (deep / ("g" * (room + 1))).write_bytes(b"x"))
+    refused(lambda: (deep / ("h" * room)).mkdir())  # a directory's key ends with "/"
+    (deep / ("h" * (room - 1))).mkdir()
+    refused(lambda: os.symlink("t", deep / ("s" * (room + 1))))
+    refused(lambda: os.rename(deep / ("f" * room), deep / ("g" * (room + 1))))
+    # a directory whose name fits there, but whose files' keys would not
+    (work.path / "mv").mkdir()
+    (work.path / "mv" / ("c" * 250)).write_bytes(b"committed")
+    work.flush()
+    (work.path / "mv" / ("p" * 250)).write_bytes(b"pending")
+    refused(lambda: os.rename(work.path / "mv", deep / "m"))
+    assert not (deep / "m").exists()
+    assert (work.path / "mv" / ("c" * 250)).read_bytes() == b"committed"
+    assert (work.path / "mv" / ("p" * 250)).read_bytes() == b"pending"
+    # a directory whose attribute index would need a key over the limit: it gets none
+    (deep / ("i" * (room - 30)) / ("j" * 20)).parent.mkdir()
+    (deep / ("i" * (room - 30)) / ("j" * 20)).write_bytes(b"no index")
+    work.flush()
+    assert work.body(key[len(work.prefix):] + "f" * room) == b"fits"
+    assert {k for k in work.keys() if k.startswith("mv/")} == {
+        "mv/", "mv/" + "c" * 250, "mv/" + "p" * 250}
+    assert not any(k.startswith(key[len(work.prefix):] + "m") for k in work.keys())
+    log = work.mount.log_file.read_text(errors="replace").splitlines()
+    assert not [line for line in log if "index" in line and "d" * 200 in line]
+
+
 # -- large files and unmount ------------------------------------------------------------
 
 

@@ -280,6 +280,13 @@ def name_too_long(d: Path) -> None:
 
 
 @probe
+def key_too_long(d: Path) -> None:
+    for _ in range(5):  # five names of 250 bytes: the S3 key passes 1024 bytes on the way
+        d = d / ("k" * 250)
+        d.mkdir()
+
+
+@probe
 def statvfs(d: Path) -> None:
     st = os.statvfs(d)
     _check(st.f_bsize > 0 and st.f_bavail > 0 and st.f_namemax == 255)
