@@ -187,14 +187,20 @@ class FileSystem:
         """The parent of a name about to be created; EEXIST if it is taken."""
         self._writable_fs()
         parent = self._inode(parent_ino)
-        if name == RESERVED_NAME:
-            raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
-        if not valid_name(name):
-            raise FSError(errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL)
-        self._check_key(self.ns.key_of(parent) + name + ("/" if is_dir else ""))
+        self._check_new_name(parent, name, is_dir)
         if await self._child(parent, name) is not None:
             raise FSError(errno.EEXIST)
         return parent
+
+    def _check_new_name(self, parent: Inode, name: str, is_dir: bool,
+                        invalid: int | None = None) -> None:
+        """A name about to appear in `parent`: not lakefs-mount's own, a name POSIX can
+        show (else `invalid`, by default ENAMETOOLONG or EINVAL), and one S3 can store."""
+        if name == RESERVED_NAME:
+            raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
+        if not valid_name(name):
+            raise FSError(invalid or (errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL))
+        self._check_key(self.ns.key_of(parent) + name + ("/" if is_dir else ""))
 
     def _check_key(self, key: str) -> None:
         if not key_fits(key):
@@ -336,11 +342,7 @@ class FileSystem:
         inode = await self._child(src_parent, name_old)
         if inode is None:
             raise FSError(errno.ENOENT)
-        if name_new == RESERVED_NAME:
-            raise FSError(errno.EPERM, f"the name {name_new} is lakefs-mount's own")
-        if not valid_name(name_new):
-            raise FSError(errno.EINVAL)
-        self._check_key(self.ns.key_of(dst_parent) + name_new + ("/" if inode.is_dir else ""))
+        self._check_new_name(dst_parent, name_new, inode.is_dir, invalid=errno.EINVAL)
         if inode.is_dir and self._is_within(dst_parent, inode):
             raise FSError(errno.EINVAL)  # a directory cannot move into itself
         target = await self._child(dst_parent, name_new)
