@@ -128,6 +128,40 @@ class AlignedBuffers:
 _thread_buffers = threading.local()
 
 
+def _thread_buffer() -> mmap.mmap:
+    """This worker thread's aligned buffer for O_DIRECT I/O (one per thread, reused)."""
+    buf = getattr(_thread_buffers, "buf", None)
+    if buf is None:
+        buf = _thread_buffers.buf = mmap.mmap(-1, BUFFER_SIZE)
+    return buf
+
+
+def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a cache file from a worker thread, at most BUFFER_SIZE:
+    with O_DIRECT (through this thread's aligned buffer) where `dfd` is given and
+    `start` is aligned, else buffered; zeros past the end of the file."""
+    size = end - start
+    got = -1
+    if dfd is not None and aligned(start) and size <= BUFFER_SIZE:
+        buf = _thread_buffer()
+        with memoryview(buf) as view:
+            try:
+                got = os.preadv(dfd, [view[:round_up(size)]], start)
+            except OSError as exc:  # EINVAL: refused; the loop gives O_DIRECT up later
+                if exc.errno != errno.EINVAL:
+                    raise
+            else:
+                data = buf[:min(got, size)]
+    if got < 0:
+        data = os.pread(fd, size, start)
+        while 0 < len(data) < size:  # short only at end of file (or a signal)
+            more = os.pread(fd, size - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+    return data if len(data) == size else data + bytes(size - len(data))
+
+
 def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: int) -> None:
     """Write `data` at `offset` from a worker thread: its whole aligned pages with
     O_DIRECT (through this thread's aligned buffer), the rest buffered."""
@@ -135,9 +169,7 @@ def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: in
     direct = len(view) // ALIGN * ALIGN if dfd is not None and aligned(offset) else 0
     done = 0
     if direct:
-        buf = getattr(_thread_buffers, "buf", None)
-        if buf is None:
-            buf = _thread_buffers.buf = mmap.mmap(-1, BUFFER_SIZE)
+        buf = _thread_buffer()
         with memoryview(buf) as aligned_view:
             while done < direct:
                 n = min(direct - done, BUFFER_SIZE)

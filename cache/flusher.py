@@ -4,7 +4,7 @@ Small files go up with one PutObject; larger ones are multipart uploads whose pa
 follow the fixed chunk mapping, so a chunk written again is simply uploaded again.
 Unchanged ranges of an object that existed before are copied server-side
 (UploadPartCopy). Every S3 call is retried with backoff; dirty data is never dropped.
-Memory is bounded: at most `concurrency` chunk buffers exist at once.
+Memory is bounded: each of at most `concurrency` uploads holds one 1 MiB piece of its part.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 log = logging.getLogger(__name__)
 
 ERRORS_BEFORE_FLUSH_FAILS = 5
-BUFFERED_PART_MAX = 0  # parts stream from the cache file in 1 MiB pieces (bounded RSS)
 COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
 
 
@@ -58,7 +57,6 @@ class Flusher:
         self.parts = cache.parts
         self.metrics = cache.metrics
         self._slots = trio.Semaphore(concurrency)
-        self.buffered_part_max = BUFFERED_PART_MAX
         self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
         self._part_queue: set[tuple[CachedFile, int]] = set()
         self._committing: set[CachedFile] = set()
@@ -304,21 +302,15 @@ class Flusher:
 
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
                          start: int, end: int) -> str:
-        """UploadPart of bytes [start, end) of the cache file; big parts are streamed."""
+        """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
+        (bounded memory whatever the part size)."""
         what = f"UploadPart {key} #{idx + 1}"
-        if end - start <= self.buffered_part_max:
-            data = await self.cache.read_chunk_for_upload(cf, start, end)
-            return str(await self._s3(cf, what, self.store.sync.upload_part, key, upload_id,
-                                      idx + 1, data))
+        async with self.cache.part_reader(cf, start, end) as read_range:
+            def send() -> str:  # a fresh body for every attempt
+                body = CachePartBody(read_range, start, end - start)
+                return self.store.sync.upload_part(key, upload_id, idx + 1, body)
 
-        async def read_range(a: int, b: int) -> bytes:
-            return await self.cache.read_chunk_for_upload(cf, a, b)
-
-        def send() -> str:  # a fresh body for every attempt
-            body = CachePartBody(read_range, start, end - start)
-            return self.store.sync.upload_part(key, upload_id, idx + 1, body)
-
-        return str(await self._s3(cf, what, send))
+            return str(await self._s3(cf, what, send))
 
     async def _part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
                                key: str, upload_id: str) -> tuple[int, str]:

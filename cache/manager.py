@@ -10,6 +10,7 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -34,6 +35,7 @@ from lakefs_mount.cache.direct import (
     DIRECT_WRITE_MIN,
     AlignedBuffers,
     aligned,
+    read_through,
     round_up,
     split_aligned,
     write_through,
@@ -440,14 +442,15 @@ class CacheManager:
             return await self._read_cached(cf, start, end)
         return self._buffers.lend(buf, end - start)
 
-    async def read_chunk_for_upload(self, cf: CachedFile, start: int, end: int) -> bytes:
-        """A piece of a part: what went to disk with O_DIRECT comes back the same way."""
-        buf = await self._read_direct(cf, start, end)
-        if buf is None:
-            return await self._read_cached(cf, start, end)
-        data = buf[:end - start]  # bytes; the buffer goes straight back to the pool
-        self._buffers.give_back(buf)
-        return data
+    @asynccontextmanager
+    async def part_reader(self, cf: CachedFile, start: int,
+                          end: int) -> AsyncIterator[Callable[[int, int], bytes]]:
+        """A reader of pieces of the part [start, end), called by the thread that sends
+        it: the cache file's descriptors stay open meanwhile, and what went to disk with
+        O_DIRECT comes back the same way, read there without a hop into the loop."""
+        direct = aligned(start) and cf.all_direct(self.parts.chunks_between(start, end))
+        async with self._io(cf, direct) as fd:
+            yield functools.partial(read_through, fd, self._dfd(cf) if direct else None)
 
     async def _read_direct(self, cf: CachedFile, start: int, end: int) -> mmap.mmap | None:
         """Bytes [start, end) in an aligned buffer, read with O_DIRECT if its chunks were

@@ -527,13 +527,12 @@ def test_an_upload_created_but_never_recorded_is_aborted_at_the_next_mount(tmp_p
 
 
 @pytest.mark.parametrize("real_s3", [False, True])
-def test_parts_above_the_buffer_limit_stream_from_the_cache_file(tmp_path, request, real_s3):
+def test_parts_stream_from_the_cache_file_in_pieces(tmp_path, request, real_s3):
     store = request.getfixturevalue("s3") if real_s3 else MemoryObjectStore()
     data = random.randbytes(3 * PART + 99)
 
     async def body() -> None:
         async with core(tmp_path, store) as c:
-            c.flusher.buffered_part_max = MiB  # every part streams in 1 MiB pieces
             cf = await c.write_file("streamed", data)
             await c.close_and_flush(cf)
     trio.run(body)

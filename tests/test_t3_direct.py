@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from lakefs_mount.cache import direct
-from lakefs_mount.cache.direct import ALIGN, BUFFER_SIZE, AlignedBuffers, write_through
+from lakefs_mount.cache.direct import (
+    ALIGN,
+    BUFFER_SIZE,
+    AlignedBuffers,
+    read_through,
+    write_through,
+)
 from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.uring._buffers import Pin
 from tests.test_t3_cache import PART, core, run
@@ -225,6 +231,31 @@ def test_write_through_puts_whole_pages_direct_and_the_rest_buffered(tmp_path):
         expect = bytearray(ALIGN) + data
         expect[1:4], expect[8:11] = b"odd", b"xyz"
         assert os.pread(fd, len(expect) + 10, 0) == expect
+    finally:
+        os.close(dfd)
+        os.close(fd)
+
+
+def test_read_through_reads_aligned_pieces_direct_and_pads_past_the_end(tmp_path):
+    """The flusher's part reads, from the thread that sends the part: an aligned piece
+    comes back with O_DIRECT (the page cache stays empty), an unaligned one or one
+    without a twin buffered, and what lies past the end of the file reads as zeros."""
+    path = tmp_path / "f"
+    data = random.randbytes(2 * BUFFER_SIZE + 5000)
+    path.write_bytes(data)
+    drop_page_cache(path)
+    fd = os.open(path, os.O_RDWR)
+    dfd = direct.DirectOpener().open(str(path))
+    assert dfd is not None
+    try:
+        n = BUFFER_SIZE
+        assert read_through(fd, dfd, 0, n) == data[:n]
+        assert read_through(fd, dfd, n, 2 * n) == data[n:2 * n]
+        assert cached_pages(path) == 0
+        assert read_through(fd, dfd, 2 * n, 3 * n) == data[2 * n:] + bytes(n - 5000)
+        assert read_through(fd, dfd, 100, 200) == data[100:200]  # unaligned: buffered
+        assert read_through(fd, None, ALIGN, 3 * ALIGN) == data[ALIGN:3 * ALIGN]
+        assert read_through(fd, None, len(data) - 10, len(data) + 10) == data[-10:] + bytes(10)
     finally:
         os.close(dfd)
         os.close(fd)
