@@ -91,6 +91,8 @@ def markdown(results: dict[str, Any]) -> str:
     peers = meta.get("peers", {})
     if peers:
         lines += ["", "Peers: " + "; ".join(f"{k}: {v}" for k, v in peers.items())]
+    if meta.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in meta["notes"]]
     chk = results.get("checksums", {})
     lines += ["", f"Checksums: {chk.get('checked', 0)} files/objects verified, "
               f"{len(chk.get('mismatches', []))} mismatches."]

@@ -52,6 +52,7 @@ READERS = 8  # small-file reads: reader processes on a mount, GetObject threads 
 READ_DIRS = 10  # small-file reads: the objects are spread over >= 10 sub-directories ...
 READ_DIR_MAX = 2000  # ... of at most 2,000 files each
 READ_PREFIX = "train/"
+PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 
 
 class DataError(RuntimeError):
@@ -597,17 +598,40 @@ class Suite:
             else:
                 self.peers[name] = f"unavailable: {note}"
         self.log(f"peers: {self.peers}")
-        self.s3 = EmbeddedS3(self.work / "seaweedfs").start(timeout=120)
-
-        self.client = self.s3_client(64)
+        pipe_max_size = self.tune_pipe_max_size()
         try:
-            self._workloads()
+            self.s3 = EmbeddedS3(self.work / "seaweedfs").start(timeout=120)
+            self.client = self.s3_client(64)
+            try:
+                self._workloads()
+            finally:
+                self.kill_live()
+                self.s3.stop(timeout=3)
+                if not a.keep:
+                    shutil.rmtree(self.work, ignore_errors=True)
         finally:
-            self.kill_live()
-            self.s3.stop(timeout=3)
-            if not a.keep:
-                shutil.rmtree(self.work, ignore_errors=True)
+            if pipe_max_size is not None:
+                PIPE_MAX_SIZE.write_text(pipe_max_size)
         return self._results(time.monotonic() - started)
+
+    def tune_pipe_max_size(self) -> str | None:
+        """The README's tuning, where this machine lacks it: fs.pipe-max-size large enough
+        for libfuse to splice write requests. Returns the old value to restore, or None."""
+        from lakefs_mount.splice import PIPE_BYTES_NEEDED, writes_can_splice
+
+        if writes_can_splice():
+            return None
+        try:
+            old = PIPE_MAX_SIZE.read_text()
+            PIPE_MAX_SIZE.write_text(f"{PIPE_BYTES_NEEDED}\n")
+        except OSError as exc:
+            self.notes.append(f"fs.pipe-max-size could not be raised ({exc.strerror}): libfuse "
+                              f"copies write requests once more than with the README's tuning")
+            return None
+        self.notes.append(f"fs.pipe-max-size was raised from {old.strip()} to "
+                          f"{PIPE_BYTES_NEEDED} for the run (the README's tuning: libfuse "
+                          f"splices write requests) and restored afterwards")
+        return old
 
     def _guard(self, key: str, title: str, fn: Callable[[], dict[str, Any]],
                errors: dict[str, str]) -> None:

@@ -437,6 +437,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("endpoint", "endpoint", str),
     ("pid", "daemon pid", str),
     ("io_engine", "io engine", str),
+    ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
     ("max_dirty", "max dirty", human_bytes),
     ("files_pending", "files pending", str),

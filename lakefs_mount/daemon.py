@@ -36,6 +36,8 @@ from lakefs_mount.layout import PartMap
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.splice import advice as splice_advice
+from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ class Daemon:
         self.index_writer = writer
         self.started = time.time()
         self.engine_name = "?"
+        self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
         self.flush_on_exit = True
 
@@ -172,6 +175,8 @@ class Daemon:
                     nursery.start_soon(self._tune_kernel)
                     log.info("mounted s3://%s/%s at %s (io engine: %s)", config.bucket,
                              config.prefix, config.mountpoint, engine.name)
+                    if not self.splice_writes:
+                        log.info("%s", splice_advice())
                     report_ready(None)
                     await pyfuse3.main(min_tasks=FUSE_IDLE_TASKS)
                 finally:
@@ -236,6 +241,7 @@ class Daemon:
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started, 1),
             "io_engine": self.engine_name,
+            "splice_writes": self.splice_writes,
             "dirty_bytes": cache.dirty_bytes,
             "max_dirty": cache.max_dirty,
             "files_pending": len(pending),
