@@ -137,29 +137,33 @@ def _thread_buffer() -> mmap.mmap:
 
 
 def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a cache file from a worker thread, at most BUFFER_SIZE:
-    with O_DIRECT (through this thread's aligned buffer) where `dfd` is given and
-    `start` is aligned, else buffered; zeros past the end of the file."""
-    size = end - start
-    got = -1
-    if dfd is not None and aligned(start) and size <= BUFFER_SIZE:
+    """Bytes [start, end) of a cache file, from a worker thread: with O_DIRECT, a
+    BUFFER_SIZE at a time through this thread's aligned buffer, where `dfd` is given and
+    `start` is aligned; else (and after an EINVAL: the disk refuses) buffered. What lies
+    past the end of the file reads as zeros."""
+    pieces: list[bytes] = []
+    pos = start
+    if dfd is not None and aligned(start):
         buf = _thread_buffer()
         with memoryview(buf) as view:
-            try:
-                got = os.preadv(dfd, [view[:round_up(size)]], start)
-            except OSError as exc:  # EINVAL: refused; the loop gives O_DIRECT up later
-                if exc.errno != errno.EINVAL:
-                    raise
-            else:
-                data = buf[:min(got, size)]
-    if got < 0:
-        data = os.pread(fd, size, start)
-        while 0 < len(data) < size:  # short only at end of file (or a signal)
-            more = os.pread(fd, size - len(data), start + len(data))
-            if not more:
-                break
-            data += more
-    return data if len(data) == size else data + bytes(size - len(data))
+            while pos < end:
+                n = min(end - pos, BUFFER_SIZE)
+                try:
+                    got = os.preadv(dfd, [view[:round_up(n)]], pos)
+                except OSError as exc:  # the loop gives O_DIRECT up at its next request
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    break
+                pieces.append(buf[:min(got, n)])
+                pos += min(got, n)
+                if got < n:  # end of file
+                    break
+    while pos < end and (data := os.pread(fd, end - pos, pos)):
+        pieces.append(data)
+        pos += len(data)
+    if pos < end:
+        pieces.append(bytes(end - pos))
+    return b"".join(pieces)
 
 
 def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: int) -> None:

@@ -399,11 +399,12 @@ class Flusher:
             if cf.upload_id is not None:
                 await self._abort_upload(cf)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
-            async with self._slots:
-                body = await self.cache.read(cf, 0, size)
-                etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
-                                      cf.key, body, meta)
-                del body
+            key = cf.key
+            async with self._slots, self.cache.part_reader(cf, 0, size) as read_range:
+                def put() -> str:  # the file is read here too, not in the trio loop
+                    return self.store.sync.put(key, read_range(0, size), meta)
+
+                etag = await self._s3(cf, f"PutObject {key}", put)
             self.metrics[m.OBJECTS_PUT] += 1
             self.metrics[m.BYTES_UPLOADED] += size
             committed = []

@@ -445,12 +445,17 @@ class CacheManager:
     @asynccontextmanager
     async def part_reader(self, cf: CachedFile, start: int,
                           end: int) -> AsyncIterator[Callable[[int, int], bytes]]:
-        """A reader of pieces of the part [start, end), called by the thread that sends
-        it: the cache file's descriptors stay open meanwhile, and what went to disk with
-        O_DIRECT comes back the same way, read there without a hop into the loop."""
-        direct = aligned(start) and cf.all_direct(self.parts.chunks_between(start, end))
-        async with self._io(cf, direct) as fd:
-            yield functools.partial(read_through, fd, self._dfd(cf) if direct else None)
+        """A reader of [start, end) for the thread that uploads it, which reads the cache
+        file itself: no hop into the loop per piece. Meanwhile the chunks stay cached
+        (fetched first where they are not: a base object's bytes) and pinned, the
+        descriptors open; what went to disk with O_DIRECT comes back the same way."""
+        touched = self.parts.chunks_between(start, end)
+        with self._pinned(cf, touched):
+            for idx in touched:
+                await self._ensure_chunk(cf, idx)
+            direct = aligned(start) and cf.all_direct(touched)
+            async with self._io(cf, direct) as fd:
+                yield functools.partial(read_through, fd, self._dfd(cf) if direct else None)
 
     async def _read_direct(self, cf: CachedFile, start: int, end: int) -> mmap.mmap | None:
         """Bytes [start, end) in an aligned buffer, read with O_DIRECT if its chunks were

@@ -222,6 +222,26 @@ def test_editing_a_committed_object_copies_unchanged_parts_server_side(tmp_path)
     run(body)
 
 
+def test_growing_an_object_never_read_keeps_its_bytes_in_s3(tmp_path):
+    """truncate() past the end of an object whose bytes were never fetched: S3 gets the
+    old bytes with zeros after them (a small file: in one PutObject, read from the cache
+    file by the thread that sends it; a larger one: unchanged parts copied server-side)."""
+    store = MemoryObjectStore()
+    small, big = random.randbytes(100_000), random.randbytes(PART + 5000)
+    store.put("small", small, {})
+    store.put("big", big, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            for key, data in (("small", small), ("big", big)):
+                cf = c.in_s3(key, len(data))
+                cf.writers += 1
+                await c.cache.truncate(cf, len(data) + 3000)
+                await c.close_and_flush(cf)
+                assert store.objects[key].body == data + bytes(3000)
+    run(body)
+
+
 def test_truncate_then_grow_reads_zeros_and_commits_them(tmp_path):
     async def body() -> None:
         async with core(tmp_path) as c:
