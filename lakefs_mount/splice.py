@@ -19,7 +19,8 @@ import mmap
 import os
 
 FUSE_MAX_MAX_PAGES = 256  # libfuse's buffer: the largest request the kernel sends ...
-LIBFUSE_REQUEST_BYTES = (FUSE_MAX_MAX_PAGES + 1) * mmap.PAGESIZE  # ... and its headers
+FUSE_BUFFER_HEADER_SIZE = 0x1000  # ... and room for its headers
+LIBFUSE_REQUEST_BYTES = FUSE_MAX_MAX_PAGES * mmap.PAGESIZE + FUSE_BUFFER_HEADER_SIZE
 # The kernel rounds a pipe's size up to a power of two, and compares that with the limit.
 PIPE_BYTES_NEEDED = 1 << (LIBFUSE_REQUEST_BYTES - 1).bit_length()
 
