@@ -247,7 +247,7 @@ class Daemon:
             "files_pending": len(pending),
             "cache_dir": str(self.config.resolved_cache_dir()),
             "cache_size": self.config.cache_size,
-            "cache_used": _disk_usage(cache.data_dir),
+            "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],
@@ -281,14 +281,19 @@ async def _no_progress(_: dict) -> None:
     return None
 
 
-def _disk_usage(directory: Path) -> int:
+def _disk_usage(directory: Path) -> int | None:
+    """Bytes the cache files take on disk; None if the directory is gone (removed under
+    a running mount). A stat per file: run it in a thread, not in the loop."""
     total = 0
-    with os.scandir(directory) as it:
-        for e in it:
-            try:
-                total += e.stat().st_blocks * 512
-            except FileNotFoundError:
-                pass
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    total += e.stat().st_blocks * 512
+                except FileNotFoundError:
+                    pass
+    except FileNotFoundError:
+        return None
     return total
 
 

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -331,6 +332,20 @@ def test_unmount_busy(mount_factory) -> None:
     proc = m.unmount()
     assert proc.returncode == 0, proc.stderr
     assert not is_mounted(m.path)
+
+
+def test_status_still_answers_after_the_cache_directory_was_removed(mount_factory) -> None:
+    """An operator removed the cache directory under a live mount: `status` must still
+    answer (cache use unknown) instead of failing, and unmount still works."""
+    m: Mount = mount_factory()
+    (m.path / "f").write_bytes(b"x" * 1000)
+    assert m.flush().returncode == 0
+    assert m.status()["cache_used"] > 0
+    shutil.rmtree(m.cache_dir / "data")
+    status = m.status()
+    assert status["cache_used"] is None and status["files_pending"] == 0
+    assert "cache used" not in cli("status", str(m.path), check=True).stdout
+    assert m.unmount().returncode == 0
 
 
 # ---------------------------------------------------------------------------- embedded
