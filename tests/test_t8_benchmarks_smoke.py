@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,16 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
     # the README's tuning (spliced write requests) held for the run only, and is reported
     assert Path("/proc/sys/fs/pipe-max-size").read_text() == pipe_max_size
     assert any("fs.pipe-max-size" in note for note in results["meta"]["notes"]) == tuned, log
+
+
+def test_cache_disk_benchmark_reports_the_mixed_rate_and_leaves_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "benchmarks/cache_disk.py", "--dir", str(tmp_path),
+                           "--per-file-mib", "4", "--runs", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rates = {line.split()[0]: float(re.findall(r"([\d.]+) GiB/s", line)[0])
+             for line in proc.stdout.splitlines() if line.startswith("  ") and "=>" not in line}
+    assert set(rates) == {"writes", "reads", "both"}, proc.stdout
+    assert all(rate > 0 for rate in rates.values()), proc.stdout
+    assert "tops out near" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
