@@ -42,6 +42,7 @@ from benchmarks.targets import (
     tool_version,
 )
 from benchmarks.workers import MiB, run_parallel, small_object, span
+from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE, writes_can_splice
 
 GiB = 1 << 30
 HERE = Path(__file__).resolve().parent
@@ -52,7 +53,6 @@ READERS = 8  # small-file reads: reader processes on a mount, GetObject threads 
 READ_DIRS = 10  # small-file reads: the objects are spread over >= 10 sub-directories ...
 READ_DIR_MAX = 2000  # ... of at most 2,000 files each
 READ_PREFIX = "train/"
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 
 
 class DataError(RuntimeError):
@@ -617,8 +617,6 @@ class Suite:
     def tune_pipe_max_size(self) -> str | None:
         """The README's tuning, where this machine lacks it: fs.pipe-max-size large enough
         for libfuse to splice write requests. Returns the old value to restore, or None."""
-        from lakefs_mount.splice import PIPE_BYTES_NEEDED, writes_can_splice
-
         if writes_can_splice():
             return None
         try:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+from pathlib import Path
 
 FUSE_MAX_MAX_PAGES = 256  # libfuse's buffer: the largest request the kernel sends ...
 FUSE_BUFFER_HEADER_SIZE = 0x1000  # ... and room for its headers
 LIBFUSE_REQUEST_BYTES = FUSE_MAX_MAX_PAGES * mmap.PAGESIZE + FUSE_BUFFER_HEADER_SIZE
 # The kernel rounds a pipe's size up to a power of two, and compares that with the limit.
 PIPE_BYTES_NEEDED = 1 << (LIBFUSE_REQUEST_BYTES - 1).bit_length()
+PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")  # the sysctl that allows it without the cap
 
 
 def writes_can_splice() -> bool:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lakefs_mount.splice import PIPE_BYTES_NEEDED
+from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
 MiB = 1 << 20
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 CAP_SYS_RESOURCE = 24
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefs_mount.splice import writes_can_splice
+from lakefs_mount.splice import PIPE_MAX_SIZE, writes_can_splice
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "resources")
@@ -26,7 +26,7 @@ WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "r
 @pytest.mark.timeout(400)
 def test_benchmark_suite_quick(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    pipe_max_size = Path("/proc/sys/fs/pipe-max-size").read_text()
+    pipe_max_size = PIPE_MAX_SIZE.read_text()
     tuned = not writes_can_splice()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.run(
@@ -61,7 +61,7 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
     assert list(out.glob("*.png")), "no plots written"
     assert proc.returncode == 0, log
     # the README's tuning (spliced write requests) held for the run only, and is reported
-    assert Path("/proc/sys/fs/pipe-max-size").read_text() == pipe_max_size
+    assert PIPE_MAX_SIZE.read_text() == pipe_max_size
     assert any("fs.pipe-max-size" in note for note in results["meta"]["notes"]) == tuned, log
 
 
