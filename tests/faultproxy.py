@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 _CHUNK = 64 * 1024
 
@@ -87,22 +88,29 @@ class FaultProxy:
             if self._fail or self._closed:
                 _reset(client)
                 continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                _reset(client)
-                continue
-            with self._lock:
-                self._socks.update((client, upstream))
-            pending = [2]  # pumps still running; the last one closes both sockets
-            for src, dst, limit in ((client, upstream, None),
-                                    (upstream, client, self.truncate_responses_at)):
-                thread = threading.Thread(target=self._pump, args=(src, dst, pending, limit),
-                                          name="faultproxy-pump", daemon=True)
-                thread.start()
-                self._threads.append(thread)
-            self._threads = [t for t in self._threads if t.is_alive()]
+            self._forward(client)
+
+    def _forward(self, client: socket.socket) -> None:
+        """Connect upstream and pump both ways, one thread per direction."""
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+            upstream.settimeout(None)
+        except OSError:
+            _reset(client)
+            return
+        with self._lock:
+            self._socks.update((client, upstream))
+        pending = [2]  # pumps still running; the last one closes both sockets
+        for src, dst, limit in ((client, upstream, None),
+                                (upstream, client, self.truncate_responses_at)):
+            self._start(self._pump, src, dst, pending, limit)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name="faultproxy-pump",
+                                  daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     def _pump(self, src: socket.socket, dst: socket.socket, pending: list[int],
               limit: int | None) -> None:

@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tlsproxy
 from mounting import CLI, Mount, _wait_gone, cli
+from tlsproxy import TlsProxy
 
 from lakefs_mount import embedded
 from lakefs_mount.embedded import EmbeddedS3, EmbeddedS3Error, free_port
@@ -31,12 +33,14 @@ WRONG_SECRET = "WrongSecretMustNeverBeLogged0123456789"
 # ---------------------------------------------------------------------------- helpers
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None,
+def run_cli(*args: str, env: dict[str, str | None] | None = None,
             timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the real console script; (result, seconds it took)."""
+    """Run the real console script (`env`: variables to set, or with None to unset);
+    (result, seconds it took)."""
     started = time.monotonic()
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     proc = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                          stdin=subprocess.DEVNULL, env=environ)
     return proc, time.monotonic() - started
 
 
@@ -161,6 +165,37 @@ def test_endpoint_unreachable(tmp_path: Path) -> None:
     assert_clean_failure(proc, tmp_path / "mnt", "unreachable", "could not connect")
     assert f"127.0.0.1:{port}" in proc.stderr
     assert took < 10, f"took {took:.1f} s"
+
+
+def test_https_endpoint_signed_by_a_private_ca(s3_server: EmbeddedS3, bucket: str,
+                                               tmp_path: Path,
+                                               cleanup_paths: list[Path]) -> None:
+    """An https endpoint whose certificate the system does not trust fails the mount
+    with a message naming AWS_CA_BUNDLE; with it set, small files and multipart uploads
+    both travel over TLS (the daemon's own requests and botocore's)."""
+    tls = TlsProxy(s3_server.port)
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    try:
+        args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url", tls.endpoint_url,
+                          "--part-size", "8M")
+        proc, took = run_cli(*args, env={"AWS_CA_BUNDLE": None})
+        assert_clean_failure(proc, mnt, "TLS certificate was not accepted")
+        assert "AWS_CA_BUNDLE" in proc.stderr
+        assert took < 10
+
+        proc, _ = run_cli(*args, env={"AWS_CA_BUNDLE": str(tlsproxy.CERT)})
+        assert proc.returncode == 0, proc.stderr
+        (mnt / "small.txt").write_bytes(b"over tls")
+        big = os.urandom(17 * 1024 * 1024 + 5)
+        (mnt / "big.bin").write_bytes(big)
+        proc, _ = run_cli("unmount", str(mnt))
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        tls.close()
+    store = s3_server.store(bucket)
+    assert store.get_range("small.txt", 0, 100) == b"over tls"
+    assert store.get_range("big.bin", 0, len(big) + 1) == big
 
 
 # ---------------------------------------------------------------------------- mount point

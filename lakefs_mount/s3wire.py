@@ -1,0 +1,261 @@
+"""S3 requests on the wire: SigV4 signatures and a pool of kept-alive HTTP/1.1 connections.
+
+Why not botocore's HTTP session: a 100 KiB GET sent through botocore's `AWSRequest`,
+`S3SigV4Auth` and urllib3 costs ~0.68 ms of CPU here, the same request signed here
+and sent on an `http.client` connection ~0.26 ms. The daemon runs its GETs, HEADs,
+small PUTs and listing pages under one GIL, so that difference is ~0.4 ms of every
+small file read or written. This module knows HTTP and SigV4, nothing of botocore:
+`s3store` hands it the endpoint, the credentials and the TLS settings it resolved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from email.message import Message
+from urllib.parse import quote, urlsplit
+
+__all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
+           "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",
+           "canonical_query"]
+
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"  # bodies are not hashed into the signature
+_ALGORITHM = "AWS4-HMAC-SHA256"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """One set of credentials, as of the request being signed (they may be refreshed)."""
+    access_key: str
+    secret_key: str
+    token: str | None = None
+
+
+def canonical_query(query: dict[str, str]) -> str:
+    """The query string as SigV4 signs it, and as it must then be sent."""
+    return "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                    for k, v in sorted(query.items()))
+
+
+_signing_keys: dict[tuple[str, str, str], bytes] = {}
+
+
+def _signing_key(secret: str, day: str, region: str) -> bytes:
+    """The day's derived key (four HMACs); kept, as it changes once a day."""
+    cached = _signing_keys.get((secret, day, region))
+    if cached is None:
+        cached = hmac.digest(("AWS4" + secret).encode(), day.encode(), "sha256")
+        for part in (region, "s3", "aws4_request"):
+            cached = hmac.digest(cached, part.encode(), "sha256")
+        if len(_signing_keys) > 64:
+            _signing_keys.clear()
+        _signing_keys[(secret, day, region)] = cached
+    return cached
+
+
+def sign(method: str, host: str, path: str, query: str, headers: dict[str, str],
+         keys: Keys, region: str, amz_date: str | None = None) -> dict[str, str]:
+    """`headers` plus Host, the date, the payload marker, the token and Authorization.
+
+    `path` is sent as given (S3 signs it without normalising or encoding it again);
+    every header given is signed, names lower-cased, values with their runs of white
+    space collapsed, as the SigV4 specification (and botocore) do.
+    """
+    amz_date = amz_date or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    signed = {name.lower(): value for name, value in headers.items()}
+    signed["host"] = host
+    signed["x-amz-date"] = amz_date
+    signed["x-amz-content-sha256"] = UNSIGNED_PAYLOAD
+    if keys.token:
+        signed["x-amz-security-token"] = keys.token
+    names = sorted(signed)
+    canonical = "\n".join((
+        method, path, query,
+        "".join(f"{n}:{' '.join(signed[n].split())}\n" for n in names),
+        ";".join(names), UNSIGNED_PAYLOAD))
+    day = amz_date[:8]
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join((_ALGORITHM, amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()))
+    signature = hmac.new(_signing_key(keys.secret_key, day, region), to_sign.encode(),
+                         "sha256").hexdigest()
+    signed["authorization"] = (f"{_ALGORITHM} Credential={keys.access_key}/{scope}, "
+                               f"SignedHeaders={';'.join(names)}, Signature={signature}")
+    return signed
+
+
+class WireError(OSError):
+    """A request that got no usable answer; the subclass says at which step."""
+
+
+class ConnectFailed(WireError):
+    """The TCP (or TLS) connection could not be made."""
+
+
+class CertificateRefused(ConnectFailed):
+    """The server's TLS certificate did not verify (unknown CA, wrong name, expired)."""
+
+
+class ConnectTimedOut(WireError):
+    """The connection was not made within the connect timeout."""
+
+
+class ReadTimedOut(WireError):
+    """The server stopped answering for longer than the read timeout."""
+
+
+class ConnectionLost(WireError):
+    """The connection broke, or closed, before the whole answer arrived."""
+
+
+class WireResponse:
+    """Status, headers and a body read in pieces; `release_conn` gives the connection
+    back to the pool once the body was read to its end, `close` drops it."""
+
+    def __init__(self, pool: WirePool, conn: http.client.HTTPConnection,
+                 response: http.client.HTTPResponse, url: str) -> None:
+        self._pool = pool
+        self._conn: http.client.HTTPConnection | None = conn
+        self._response = response
+        self.status_code = response.status
+        self.headers: Message = response.headers
+        self.url = url
+
+    @property
+    def raw(self) -> WireResponse:
+        """The body stream (botocore's responses keep it there; so do these)."""
+        return self
+
+    def read(self, amount: int | None = None) -> bytes:
+        try:
+            return self._response.read(amount)
+        except TimeoutError as exc:
+            self.close()
+            raise ReadTimedOut(f"no data from {self.url} within the read timeout") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise ConnectionLost(f"connection to {self.url} broke while reading the "
+                                 f"answer ({type(exc).__name__}: {exc})") from exc
+
+    def release_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._response.isclosed() or self._response.length == 0:
+            self._response.read()  # (nothing left: marks the response done)
+            self._pool.give_back(conn)
+        else:
+            conn.close()  # body not read to its end: the connection cannot be reused
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+class WirePool:
+    """Kept-alive connections to one endpoint, shared by threads (one request each at a
+    time). `verify` is False (no TLS checks), True (the system's CAs) or a CA bundle."""
+
+    def __init__(self, endpoint: str, *, max_idle: int, connect_timeout: float,
+                 read_timeout: float, verify: bool | str = True) -> None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) endpoint: {endpoint!r}")
+        self.host = parts.netloc  # as signed and sent in Host (port only if given)
+        self._address = (parts.hostname, parts.port or (443 if parts.scheme == "https"
+                                                         else 80))
+        self._tls = _tls_context(verify) if parts.scheme == "https" else None
+        self._max_idle = max_idle
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def request(self, method: str, target: str, headers: dict[str, str],
+                body: bytes = b"") -> WireResponse:
+        """Send one request (`target`: path and query, as signed) and read the status
+        line and headers. A kept-alive connection that the server closed meanwhile is
+        replaced by a new one once; every other failure raises a WireError."""
+        while True:
+            conn, reused = self._take()
+            try:
+                conn.request(method, target, body if body or method in ("PUT", "POST")
+                             else None, headers)
+                response = conn.getresponse()
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
+                    http.client.RemoteDisconnected) as exc:
+                conn.close()
+                if reused:
+                    continue  # the server dropped an idle connection: not an error
+                raise ConnectionLost(f"connection to {self.host} closed before an answer"
+                                     f" ({type(exc).__name__})") from exc
+            except TimeoutError as exc:
+                conn.close()
+                raise ReadTimedOut(f"no answer from {self.host} within the read timeout"
+                                   ) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise ConnectionLost(f"request to {self.host} failed ({type(exc).__name__}:"
+                                     f" {exc})") from exc
+            return WireResponse(self, conn, response, target)
+
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connect(), False
+
+    def _connect(self) -> http.client.HTTPConnection:
+        host, port = self._address
+        conn: http.client.HTTPConnection
+        if self._tls is not None:
+            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
+                                               context=self._tls)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
+        try:
+            conn.connect()
+        except TimeoutError as exc:
+            conn.close()
+            raise ConnectTimedOut(f"could not connect to {self.host} within "
+                                  f"{self._connect_timeout:g} s") from exc
+        except ssl.SSLCertVerificationError as exc:
+            conn.close()
+            raise CertificateRefused(exc.verify_message or str(exc)) from exc
+        except OSError as exc:  # refused, unreachable, name unknown, TLS failed
+            conn.close()
+            raise ConnectFailed(f"could not connect to {self.host} ({exc})") from exc
+        assert conn.sock is not None
+        conn.sock.settimeout(self._read_timeout)  # (http.client set TCP_NODELAY)
+        return conn
+
+    def give_back(self, conn: http.client.HTTPConnection) -> None:
+        if conn.sock is None:  # the server asked to close it (Connection: close)
+            return
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _tls_context(verify: bool | str) -> ssl.SSLContext:
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+

@@ -1,0 +1,198 @@
+"""T1: s3wire signs exactly as botocore does and keeps its connections alive safely.
+
+The signatures are compared with botocore's own `S3SigV4Auth` on the same request and
+clock; the connection pool runs against SeaweedFS, behind the fault proxy where a test
+needs connections to die or answers to stall.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from urllib.parse import quote
+
+import pytest
+import tlsproxy
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from faultproxy import FaultProxy
+from tlsproxy import TlsProxy
+
+from lakefs_mount.embedded import EmbeddedS3, free_port
+from lakefs_mount.objectstore import EndpointUnreachable, ObjectStoreError
+from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3wire import (
+    ConnectFailed,
+    Keys,
+    ReadTimedOut,
+    WirePool,
+    canonical_query,
+    sign,
+)
+
+UNSIGNED = Config(s3={"payload_signing_enabled": False})
+
+REQUESTS = [  # method, path, query, headers
+    ("GET", "/bkt/plain.bin", {}, {}),
+    ("GET", "/bkt/" + quote("dir with space/ünï ✓;,'()*$@!+=&.pt", safe="/~"), {},
+     {"Range": "bytes=0-99"}),
+    ("HEAD", "/bkt/k", {}, {}),
+    ("PUT", "/bkt/meta", {}, {"x-amz-meta-mode": "33188",
+                              "x-amz-meta-note": "  runs   of  spaces "}),
+    ("GET", "/bkt/", {"list-type": "2", "prefix": "a b/ü", "delimiter": "/",
+                      "encoding-type": "url", "continuation-token": "x+y/z=="}, {}),
+]
+
+
+@pytest.mark.parametrize("token", [None, "session-token/with+chars=="])
+@pytest.mark.parametrize("method,path,query,headers", REQUESTS)
+def test_signatures_match_botocore(method: str, path: str, query: dict[str, str],
+                                   headers: dict[str, str], token: str | None) -> None:
+    host = "127.0.0.1:8333"
+    target = path + ("?" + canonical_query(query) if query else "")
+    request = AWSRequest(method=method, url=f"http://{host}{target}", headers=dict(headers),
+                         data=b"body" if method == "PUT" else b"")
+    request.context["client_config"] = UNSIGNED
+    S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret/key+x", token), "s3",
+                "eu-west-3").add_auth(request)
+    ours = sign(method, host, path, canonical_query(query), headers,
+                Keys("AKIDEXAMPLE", "secret/key+x", token), "eu-west-3",
+                amz_date=request.headers["X-Amz-Date"])
+    assert ours["authorization"] == request.headers["Authorization"]
+    assert ours.get("x-amz-security-token") == request.headers.get("X-Amz-Security-Token")
+
+
+def test_a_wrong_secret_is_refused_and_the_right_one_accepted(
+        s3_auth_server: EmbeddedS3) -> None:
+    s3_auth_server.create_bucket("wirebucket")
+    pool = WirePool(s3_auth_server.endpoint_url, max_idle=2, connect_timeout=5,
+                    read_timeout=30)
+    right = Keys(s3_auth_server.access_key or "", s3_auth_server.secret_key or "")
+    wrong = Keys(right.access_key, right.secret_key + "x")
+
+    def put(keys: Keys) -> int:
+        headers = sign("PUT", pool.host, "/wirebucket/k", "", {}, keys, "us-east-1")
+        response = pool.request("PUT", "/wirebucket/k", headers, b"payload")
+        response.read()
+        response.release_conn()
+        return response.status_code
+
+    assert put(wrong) == 403
+    assert put(right) == 200
+    pool.close()
+
+
+def test_connections_are_kept_alive_and_replaced_when_the_server_drops_them(
+        fault_proxy: FaultProxy, bucket: str) -> None:
+    store = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    store.put("k", b"hello", {})
+    before = fault_proxy.connections_total
+    for _ in range(20):
+        assert store.get("k") is not None
+        assert store.head("k") is not None
+    assert fault_proxy.connections_total == before  # one kept-alive connection did all
+
+    fault_proxy.fail = True  # kills the idle pooled connection under the store
+    time.sleep(0.2)
+    fault_proxy.fail = False
+    got = store.get("k")  # max_attempts=1: no retry budget, only the pool's own redial
+    assert got is not None and got[1] == b"hello"
+    assert fault_proxy.connections_total == before + 1
+
+
+def test_threads_share_the_pool_without_mixing_answers(s3: S3ObjectStore) -> None:
+    bodies = {f"t/{i}": os.urandom(1000 + i) for i in range(64)}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    errors: list[str] = []
+
+    def worker(keys: list[str]) -> None:
+        for _ in range(5):
+            for key in keys:
+                got = s3.get(key)
+                if got is None or got[1] != bodies[key]:
+                    errors.append(key)
+
+    keys = sorted(bodies)
+    threads = [threading.Thread(target=worker, args=(keys[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_server_that_stops_answering_is_a_read_timeout(fault_proxy: FaultProxy,
+                                                        bucket: str) -> None:
+    S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url).put("k", b"v", {})
+    pool = WirePool(fault_proxy.endpoint_url, max_idle=1, connect_timeout=5,
+                    read_timeout=0.3)
+    fault_proxy.delay_seconds = 1.0
+    headers = sign("GET", pool.host, f"/{bucket}/k", "", {}, Keys("a", "b"), "us-east-1")
+    started = time.monotonic()
+    with pytest.raises(ReadTimedOut):
+        pool.request("GET", f"/{bucket}/k", headers)
+    assert time.monotonic() - started < 0.9
+    slow = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url, read_timeout=0.3,
+                         max_attempts=1)
+    with pytest.raises(ObjectStoreError, match="timed out"):
+        slow.get("k")
+
+
+def test_nothing_listening_is_a_connect_failure() -> None:
+    pool = WirePool(f"http://127.0.0.1:{free_port()}", max_idle=1, connect_timeout=2,
+                    read_timeout=2)
+    with pytest.raises(ConnectFailed, match="could not connect"):
+        pool.request("GET", "/b/k", {})
+
+
+def test_requests_go_through_a_configured_proxy(fault_proxy: FaultProxy, bucket: str,
+                                                s3_server: EmbeddedS3,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where botocore would use HTTP_PROXY, so does the store (through botocore's
+    session); NO_PROXY still lets it talk to the endpoint itself."""
+    monkeypatch.setenv("HTTP_PROXY", fault_proxy.endpoint_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxied = S3ObjectStore(bucket, endpoint_url=s3_server.endpoint_url)
+    before = fault_proxy.connections_total
+    proxied.put("via-proxy", b"through the proxy", {})
+    got = proxied.get("via-proxy")
+    assert got is not None and got[1] == b"through the proxy"
+    assert fault_proxy.connections_total > before
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = S3ObjectStore(bucket, endpoint_url=s3_server.endpoint_url)
+    before = fault_proxy.connections_total
+    got = direct.get("via-proxy")
+    assert got is not None and got[1] == b"through the proxy"
+    assert fault_proxy.connections_total == before
+
+
+def test_https_endpoints_verify_the_certificate_as_botocore_does(
+        s3_server: EmbeddedS3, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AWS_CA_BUNDLE names the CA to trust (the test certificate signs itself); without
+    it the certificate is refused and the error says the endpoint is unreachable."""
+    tls = TlsProxy(s3_server.port)
+    try:
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(tlsproxy.CERT))
+        store = S3ObjectStore(bucket, endpoint_url=tls.endpoint_url, max_attempts=1)
+        store.check_bucket()
+        body = os.urandom(300 * 1024)
+        store.put("tls/k", body, {"mode": "33188"})
+        got = store.get("tls/k")
+        assert got is not None and got[1] == body and got[0].metadata == {"mode": "33188"}
+        assert store.get_range("tls/k", 5, 105) == body[5:105]
+        assert [o.key for o in store.list_dir("tls/").objects] == ["tls/k"]
+
+        monkeypatch.delenv("AWS_CA_BUNDLE")
+        untrusting = S3ObjectStore(bucket, endpoint_url=tls.endpoint_url, max_attempts=1)
+        with pytest.raises(EndpointUnreachable, match=f"127.0.0.1:{tls.port}") as info:
+            untrusting.check_bucket()
+        assert "TLS certificate was not accepted" in str(info.value)
+        assert "AWS_CA_BUNDLE" in str(info.value)
+    finally:
+        tls.close()
