@@ -12,7 +12,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -257,16 +257,16 @@ class FileSystem:
         self._dir_handles[fh] = sorted(inode.children.items(), key=lambda kv: kv[1])
         return fh
 
-    def readdir(self, fh: int, start: int) -> list[tuple[str, Attr, int]]:
-        """Entries from index `start` on, each with the index to resume after it."""
+    def readdir(self, fh: int, start: int) -> Iterator[tuple[str, Attr, int]]:
+        """Entries from index `start` on, each with the index to resume after it; lazily,
+        as the kernel's buffer takes a few dozen of them per request (attributes of all
+        the rest on every request made `ls -l` quadratic in the directory's size)."""
         entries = self._dir_handles.get(fh, [])
-        out = []
         for i in range(start, len(entries)):
             name, ino = entries[i]
             inode = self.ns.inodes.get(ino)
             if inode is not None:
-                out.append((name, self.attr(inode), i + 1))
-        return out
+                yield name, self.attr(inode), i + 1
 
     def note_lookup(self, ino: int) -> None:
         """The kernel took a reference to an inode (readdirplus)."""
