@@ -23,6 +23,7 @@ import mmap
 import os
 import sys
 import threading
+from collections.abc import Iterator
 
 from lakefs_mount.uring import write_on_this_thread
 
@@ -126,6 +127,7 @@ class AlignedBuffers:
 
 
 _thread_buffers = threading.local()
+_ZEROS = memoryview(bytes(BUFFER_SIZE))  # what a range past the end of its file reads as
 
 
 def _thread_buffer() -> mmap.mmap:
@@ -136,34 +138,41 @@ def _thread_buffer() -> mmap.mmap:
     return buf
 
 
-def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a cache file, from a worker thread: with O_DIRECT, a
-    BUFFER_SIZE at a time through this thread's aligned buffer, where `dfd` is given and
-    `start` is aligned; else (and after an EINVAL: the disk refuses) buffered. What lies
-    past the end of the file reads as zeros."""
-    pieces: list[bytes] = []
+def read_pieces(fd: int, dfd: int | None, start: int, end: int) -> Iterator[memoryview]:
+    """Bytes [start, end) of a cache file, from a worker thread, in pieces of at most
+    BUFFER_SIZE read into this thread's aligned buffer: with O_DIRECT where `dfd` is given
+    and `start` is aligned, else (and from an EINVAL on: the disk refuses) buffered. What
+    lies past the end of the file comes as zeros. A piece is valid only until the next
+    is taken (the buffer is reused), so use each at once, one range at a time."""
     pos = start
-    if dfd is not None and aligned(start):
-        buf = _thread_buffer()
-        with memoryview(buf) as view:
+    with memoryview(_thread_buffer()) as view:
+        if dfd is not None and aligned(start):
             while pos < end:
                 n = min(end - pos, BUFFER_SIZE)
                 try:
-                    got = os.preadv(dfd, [view[:round_up(n)]], pos)
+                    got = min(os.preadv(dfd, [view[:round_up(n)]], pos), n)
                 except OSError as exc:  # the loop gives O_DIRECT up at its next request
                     if exc.errno != errno.EINVAL:
                         raise
                     break
-                pieces.append(buf[:min(got, n)])
-                pos += min(got, n)
+                if got:
+                    yield view[:got]
+                pos += got
                 if got < n:  # end of file
                     break
-    while pos < end and (data := os.pread(fd, end - pos, pos)):
-        pieces.append(data)
-        pos += len(data)
-    if pos < end:
-        pieces.append(bytes(end - pos))
-    return b"".join(pieces)
+        while pos < end and (got := os.preadv(fd, [view[:min(end - pos, BUFFER_SIZE)]],
+                                              pos)):
+            yield view[:got]
+            pos += got
+    while pos < end:
+        n = min(end - pos, len(_ZEROS))
+        yield _ZEROS[:n]
+        pos += n
+
+
+def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a cache file as one bytes object (see `read_pieces`)."""
+    return b"".join(bytes(piece) for piece in read_pieces(fd, dfd, start, end))
 
 
 def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: int) -> None:

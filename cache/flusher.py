@@ -305,9 +305,9 @@ class Flusher:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
         (bounded memory whatever the part size)."""
         what = f"UploadPart {key} #{idx + 1}"
-        async with self.cache.part_reader(cf, start, end) as read_range:
+        async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
-                body = CachePartBody(read_range, start, end - start)
+                body = CachePartBody(source, start, end - start)
                 return self.store.sync.upload_part(key, upload_id, idx + 1, body)
 
             return str(await self._s3(cf, what, send))
@@ -400,9 +400,9 @@ class Flusher:
                 await self._abort_upload(cf)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
             key = cf.key
-            async with self._slots, self.cache.part_reader(cf, 0, size) as read_range:
+            async with self._slots, self.cache.part_reader(cf, 0, size) as source:
                 def put() -> str:  # the file is read here too, not in the trio loop
-                    return self.store.sync.put(key, read_range(0, size), meta)
+                    return self.store.sync.put(key, source.read(0, size), meta)
 
                 etag = await self._s3(cf, f"PutObject {key}", put)
             self.metrics[m.OBJECTS_PUT] += 1

@@ -10,7 +10,6 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import mmap
 import os
@@ -35,13 +34,13 @@ from lakefs_mount.cache.direct import (
     DIRECT_WRITE_MIN,
     AlignedBuffers,
     aligned,
-    read_through,
     round_up,
     split_aligned,
     write_through,
 )
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
+from lakefs_mount.cache.partbody import UploadSource
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
 from lakefs_mount.objectstore import ObjectInfo
@@ -444,10 +443,10 @@ class CacheManager:
 
     @asynccontextmanager
     async def part_reader(self, cf: CachedFile, start: int,
-                          end: int) -> AsyncIterator[Callable[[int, int], bytes]]:
-        """A reader of [start, end) for the thread that uploads it, which reads the cache
-        file itself: no hop into the loop per piece. Meanwhile the chunks stay cached
-        (fetched first where they are not: a base object's bytes) and pinned, the
+                          end: int) -> AsyncIterator[UploadSource]:
+        """The cache file of [start, end) for the thread that uploads it, which reads it
+        (or sends it) itself: no hop into the loop per piece. Meanwhile the chunks stay
+        cached (fetched first where they are not: a base object's bytes) and pinned, the
         descriptors open; what went to disk with O_DIRECT comes back the same way."""
         touched = self.parts.chunks_between(start, end)
         with self._pinned(cf, touched):
@@ -455,7 +454,7 @@ class CacheManager:
                 await self._ensure_chunk(cf, idx)
             direct = aligned(start) and cf.all_direct(touched)
             async with self._io(cf, direct) as fd:
-                yield functools.partial(read_through, fd, self._dfd(cf) if direct else None)
+                yield UploadSource(fd, self._dfd(cf) if direct else None)
 
     async def _read_direct(self, cf: CachedFile, start: int, end: int) -> mmap.mmap | None:
         """Bytes [start, end) in an aligned buffer, read with O_DIRECT if its chunks were

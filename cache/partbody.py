@@ -1,25 +1,44 @@
 """A part body that streams from the cache file, so a 4 GiB part never sits in memory.
 
-boto3 reads it in a worker thread, which reads the cache file itself (`read_range`, see
+The uploading thread reads the cache file itself (`UploadSource`, see
 `CacheManager.part_reader`): a hop into the trio loop per MiB cost the daemon ~0.4 CPU s
-per GiB uploaded. botocore may read it twice (payload hash, then send), seeking back in
-between, so it supports seek and tell.
+per GiB uploaded. The S3 store sends its `pieces` as they are read into the thread's
+aligned buffer (0.27 CPU s per GiB uploaded here); boto3 reads it instead (0.70: 16 KiB
+at a time, each sliced out of a copy), maybe twice (payload hash, then send), seeking
+back in between, so it supports seek and tell.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from lakefs_mount.cache.direct import read_pieces, read_through
 
 READ_PIECE = 1024 * 1024
 
 
+@dataclass(frozen=True)
+class UploadSource:
+    """The open cache file of an upload, for the thread that sends it: `direct_fd` (its
+    O_DIRECT twin) is given only where the range's chunks went to disk that way and its
+    start is aligned."""
+    fd: int
+    direct_fd: int | None
+
+    def read(self, start: int, end: int) -> bytes:
+        return read_through(self.fd, self.direct_fd, start, end)
+
+    def pieces(self, start: int, end: int) -> Iterator[memoryview]:
+        return read_pieces(self.fd, self.direct_fd, start, end)
+
+
 class CachePartBody(io.RawIOBase):
-    def __init__(self, read_range: Callable[[int, int], bytes], start: int,
-                 length: int) -> None:
+    def __init__(self, source: UploadSource, start: int, length: int) -> None:
         super().__init__()
-        self._read_range = read_range
+        self._source = source
         self._start = start
         self._length = length
         self._pos = 0
@@ -38,6 +57,10 @@ class CachePartBody(io.RawIOBase):
     def __len__(self) -> int:
         return self._length
 
+    def pieces(self) -> Iterator[memoryview]:
+        """The whole body (whatever the position), as `read_pieces` reads it."""
+        return self._source.pieces(self._start, self._start + self._length)
+
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
         self._pos = max(0, min(self._length, base + offset))
@@ -53,7 +76,7 @@ class CachePartBody(io.RawIOBase):
         if not 0 <= rel < len(self._buf):  # urllib3 reads 16 KiB at a time: buffer 1 MiB
             off = self._start + self._pos
             piece = min(READ_PIECE, self._length - self._pos)
-            self._buf = self._read_range(off, off + piece)
+            self._buf = self._source.read(off, off + piece)
             self._buf_pos, rel = self._pos, 0
         data = self._buf[rel:rel + n]
         self._pos += len(data)

@@ -69,6 +69,16 @@ class PendingUpload:
     upload_id: str
 
 
+class PiecewiseBody(Protocol):
+    """A part body a store may send in the pieces it yields instead of reading it into
+    one bytes object (a 16 MiB part then costs no 16 MiB of memory and no extra copies).
+    Each piece is valid only until the next is taken."""
+
+    def __len__(self) -> int: ...
+
+    def pieces(self) -> Iterator[memoryview]: ...
+
+
 class ObjectStore(Protocol):
     bucket: str
 
@@ -123,7 +133,8 @@ class ObjectStore(Protocol):
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
                     body: bytes | memoryview | BinaryIO) -> str:
-        """Returns the part's ETag; a file-like body is read from its current position."""
+        """Returns the part's ETag; a file-like body is read from its current position,
+        unless it is a PiecewiseBody that the store sends piece by piece instead."""
         ...
 
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,

@@ -36,6 +36,7 @@ from lakefs_mount.objectstore import (
     ObjectInfo,
     ObjectStoreError,
     PendingUpload,
+    PiecewiseBody,
 )
 from lakefs_mount.s3wire import (
     CertificateRefused,
@@ -151,16 +152,26 @@ class _Lean:
         probe = self._client.generate_presigned_url(
             "get_object", Params={"Bucket": self._bucket, "Key": "k"}, ExpiresIn=60)
         parts = urlsplit(probe)
-        self._origin = f"{parts.scheme}://{parts.netloc}"
+        origin = f"{parts.scheme}://{parts.netloc}"
         self._prefix = parts.path[:-1]
         if (self._http._proxy_config.proxy_url_for(probe) is None
                 and not self._http._cert_file):
             verify = self._http._verify
-            self._wire = WirePool(self._origin, verify=verify if verify is False
+            self._wire = WirePool(origin, verify=verify if verify is False
                                   else get_cert_path(verify), **self._pool_args)
+        self._origin = origin  # last: threads that see it see the rest too
+
+    @property
+    def direct(self) -> bool:
+        """Whether requests go out on s3wire's connections (no proxy, no client
+        certificate), which take a PiecewiseBody."""
+        if not self._origin:
+            self._address()
+        return self._wire is not None
 
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
-             body: bytes = b"", query: dict[str, str] | None = None) -> Any:
+             body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None
+             ) -> Any:
         """One signed request, retried like botocore; raises ClientError for non-2xx.
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
@@ -192,9 +203,10 @@ class _Lean:
                                 response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
-                   body: bytes) -> Any:
+                   body: bytes | PiecewiseBody) -> Any:
         frozen = self._credentials.get_frozen_credentials()
         if self._wire is None:
+            assert isinstance(body, bytes)
             request = AWSRequest(method=method, url=self._origin + target,
                                  headers=dict(headers), data=body, stream_output=True)
             request.context["client_config"] = self._config
@@ -575,6 +587,15 @@ class S3ObjectStore:
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
                     body: bytes | memoryview | BinaryIO) -> str:
+        if hasattr(body, "pieces") and self._lean.direct:
+            # piece by piece as the body reads them: 0.27 CPU s per GiB here, against 0.70
+            # through botocore (which takes 16 KiB at a time, each sliced from a copy)
+            query = {"partNumber": str(part_number), "uploadId": upload_id}
+            with self._errors("UploadPart", key):
+                response = self._lean.send("UploadPart", "PUT", key, body=body,  # type: ignore[arg-type]
+                                           query=query)
+                b"".join(_read_body(response))
+            return _strip_etag(response.headers.get("ETag"))
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         with self._errors("UploadPart", key):
             resp = self._client.upload_part(

@@ -4,8 +4,10 @@ Why not botocore's HTTP session: a 100 KiB GET sent through botocore's `AWSReque
 `S3SigV4Auth` and urllib3 costs ~0.68 ms of CPU here, the same request signed here
 and sent on an `http.client` connection ~0.26 ms. The daemon runs its GETs, HEADs,
 small PUTs and listing pages under one GIL, so that difference is ~0.4 ms of every
-small file read or written. This module knows HTTP and SigV4, nothing of botocore:
-`s3store` hands it the endpoint, the credentials and the TLS settings it resolved.
+small file read or written. Multipart part bodies go out in the pieces the cache reads
+them in (`PiecewiseBody`): 0.27 CPU s per GiB against 0.70 through botocore. This module
+knows HTTP and SigV4, nothing of botocore: `s3store` hands it the endpoint, the
+credentials and the TLS settings it resolved.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import quote, urlsplit
+
+from lakefs_mount.objectstore import PiecewiseBody
 
 __all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
            "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",
@@ -178,15 +182,20 @@ class WirePool:
         self._lock = threading.Lock()
 
     def request(self, method: str, target: str, headers: dict[str, str],
-                body: bytes = b"") -> WireResponse:
+                body: bytes | PiecewiseBody = b"") -> WireResponse:
         """Send one request (`target`: path and query, as signed) and read the status
         line and headers. A kept-alive connection that the server closed meanwhile is
-        replaced by a new one once; every other failure raises a WireError."""
+        replaced by a new one once; every other failure raises a WireError. A
+        PiecewiseBody goes out piece by piece as it yields them (sent again whole if the
+        request is)."""
         while True:
             conn, reused = self._take()
             try:
-                conn.request(method, target, body if body or method in ("PUT", "POST")
-                             else None, headers)
+                try:
+                    self._send(conn, method, target, headers, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the server may have answered before it closed: read that (as
+                    # urllib3 does), e.g. a refusal while a body was still on its way
                 response = conn.getresponse()
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
                     http.client.RemoteDisconnected) as exc:
@@ -204,6 +213,21 @@ class WirePool:
                 raise ConnectionLost(f"request to {self.host} failed ({type(exc).__name__}:"
                                      f" {exc})") from exc
             return WireResponse(self, conn, response, target)
+
+    @staticmethod
+    def _send(conn: http.client.HTTPConnection, method: str, target: str,
+              headers: dict[str, str], body: bytes | PiecewiseBody) -> None:
+        if isinstance(body, bytes):
+            conn.request(method, target, body if body or method in ("PUT", "POST") else None,
+                         headers)
+            return
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        for piece in body.pieces():
+            conn.send(piece)
 
     def _take(self) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -22,7 +23,7 @@ from faultproxy import FaultProxy
 from tlsproxy import TlsProxy
 
 from lakefs_mount.embedded import EmbeddedS3, free_port
-from lakefs_mount.objectstore import EndpointUnreachable, ObjectStoreError
+from lakefs_mount.objectstore import AccessDenied, EndpointUnreachable, ObjectStoreError
 from lakefs_mount.s3store import S3ObjectStore
 from lakefs_mount.s3wire import (
     ConnectFailed,
@@ -196,3 +197,51 @@ def test_https_endpoints_verify_the_certificate_as_botocore_does(
         assert "AWS_CA_BUNDLE" in str(info.value)
     finally:
         tls.close()
+
+
+class _PiecesBody:
+    """A part body that offers its bytes in pieces (as the cache's part bodies do)."""
+
+    def __init__(self, data: bytes, piece: int) -> None:
+        self.data, self.piece = data, piece
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[memoryview]:
+        view = memoryview(self.data)
+        for i in range(0, len(self.data), self.piece):
+            yield view[i:i + self.piece]
+
+    def read(self, size: int = -1) -> bytes:
+        raise AssertionError("a store that sends the pieces must not read the body")
+
+
+@pytest.mark.parametrize("size,piece", [(0, 1), (1, 1), (5 * 1024 * 1024 + 3, 1024 * 1024),
+                                        (300_000, 4096)])
+def test_a_piecewise_body_is_sent_piece_by_piece(s3: S3ObjectStore, size: int,
+                                                 piece: int) -> None:
+    data = os.urandom(size)
+    upload_id = s3.create_multipart("pieces", {})
+    etag = s3.upload_part("pieces", upload_id, 1, _PiecesBody(data, piece))  # type: ignore[arg-type]
+    s3.complete_multipart("pieces", upload_id, [(1, etag)])
+    got = s3.get("pieces")
+    assert got is not None and got[1] == data
+
+
+def test_a_body_refused_midway_reports_the_refusal(s3_auth_server: EmbeddedS3) -> None:
+    """The server answers 403 while 32 MiB are still on their way and closes: the store
+    reads that answer (access denied), not just a broken connection."""
+    s3_auth_server.create_bucket("spanauth")
+    url = s3_auth_server.endpoint_url
+    good = S3ObjectStore("spanauth", endpoint_url=url, access_key=s3_auth_server.access_key,
+                         secret_key=s3_auth_server.secret_key)
+    bad = S3ObjectStore("spanauth", endpoint_url=url, access_key=s3_auth_server.access_key,
+                        secret_key="not-the-secret", max_attempts=1)
+    upload_id = good.create_multipart("k", {})
+    try:
+        with pytest.raises(AccessDenied):
+            bad.upload_part("k", upload_id, 1, _PiecesBody(  # type: ignore[arg-type]
+                os.urandom(32 * 1024 * 1024), 1024 * 1024))
+    finally:
+        good.abort_multipart("k", upload_id)
