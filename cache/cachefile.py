@@ -70,8 +70,8 @@ class CachedFile:
     writers: int = 0  # open handles that may write
     openers: int = 0
     unlinked: bool = False
-    commit_lock: trio.Lock = field(default_factory=trio.Lock)
-    upload_lock: trio.Lock = field(default_factory=trio.Lock)
+    _commit_lock: trio.Lock | None = field(default=None, repr=False)
+    _upload_lock: trio.Lock | None = field(default=None, repr=False)
     error_streak: int = 0  # failures since the last success
     error_count: int = 0  # failures ever (a flush counts only those after it started)
     last_error: str | None = None
@@ -79,6 +79,22 @@ class CachedFile:
     page_cache_etag: str | None = None  # version the kernel's page cache holds
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)
     io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
+
+    # The locks come into being on first use: a fresh mount lists directories of tens of
+    # thousands of files, and two trio.Locks each cost a quarter of a listing's CPU.
+    @property
+    def commit_lock(self) -> trio.Lock:
+        """Held while the file is committed (or renamed, removed) in S3."""
+        if self._commit_lock is None:
+            self._commit_lock = trio.Lock()
+        return self._commit_lock
+
+    @property
+    def upload_lock(self) -> trio.Lock:
+        """Held while the file's multipart upload is being created."""
+        if self._upload_lock is None:
+            self._upload_lock = trio.Lock()
+        return self._upload_lock
 
     @property
     def pending(self) -> bool:

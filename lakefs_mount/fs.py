@@ -254,7 +254,7 @@ class FileSystem:
             await self.ns.ensure_listed(inode)
             await self.ns.ensure_children_headed(inode)
         fh = self._new_fh()
-        self._dir_handles[fh] = sorted(inode.children.items(), key=lambda kv: kv[1])
+        self._dir_handles[fh] = list(inode.children.items())  # a snapshot, listing order
         return fh
 
     def readdir(self, fh: int, start: int) -> Iterator[tuple[str, Attr, int]]:
