@@ -185,7 +185,8 @@ class WirePool:
                 body: bytes | PiecewiseBody = b"") -> WireResponse:
         """Send one request (`target`: path and query, as signed) and read the status
         line and headers. A kept-alive connection that the server closed meanwhile is
-        replaced by a new one once; every other failure raises a WireError. A
+        dropped and the request goes out on the next (at last a new one); every other
+        failure raises a WireError. A
         PiecewiseBody goes out piece by piece as it yields them (sent again whole if the
         request is)."""
         while True:
