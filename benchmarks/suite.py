@@ -245,7 +245,7 @@ class Suite:
                         restore: bool) -> dict[str, Any]:
         """Write + time-to-durable (+ resources) per run; restore cold/warm per run."""
         out: dict[str, Any] = {"write": [], "durable_s": [], "cpu_per_gib": [], "rss": [],
-                               "cold": [], "warm": []}
+                               "cold": [], "warm": [], "warmup": []}
         keep_bucket = None
         for r in range(self.args.runs):
             bucket = self.new_bucket("ckpt")
@@ -292,8 +292,24 @@ class Suite:
                         out["rss"].append(proc_peak_rss(target.pid) / MiB)
                 finally:
                     self.stop_target(target)
+                if target.warms_up:
+                    out["warmup"].append(self.warmup_run(label, make, keep_bucket, r))
         self.delete_bucket(keep_bucket)
         return out
+
+    def warmup_run(self, label: str, make: Callable[[Path, str], Target], bucket: str,
+                   r: int) -> float:
+        """A fresh mount's warm-up command (S3 -> its cache, nobody reading): GiB/s."""
+        target = self.start_target(make(self.work / f"{label}-u{r}", bucket))
+        try:
+            self.drop_caches()
+            t0 = time.monotonic()
+            target.warmup(target.path / "ckpt")
+            rate = len(self.names()) * self.size / GiB / (time.monotonic() - t0)
+            self.log(f"{label} warm-up run {r + 1}: {rate:.3f} GiB/s")
+            return rate
+        finally:
+            self.stop_target(target)
 
     def small_files(self, label: str, make: Callable[[Path, str], Target] | None
                     ) -> dict[str, list[float]]:
@@ -692,6 +708,9 @@ class Suite:
                                     baseline="raw_get")
                 rs[f"{k}_warm"] = P(v["warm"], "GiB/s", label=f"{v['label']} warm",
                                     baseline="raw_disk_read")
+            if v["warmup"]:
+                rs[f"{k}_warmup"] = P(v["warmup"], "GiB/s", baseline="raw_get",
+                                      label=f"{v['label']} warm-up command (S3 -> cache)")
         self.workloads["restore"] = {"title": "Restore (sequential read, checksummed)",
                                      "points": rs, "errors": errors}
         # 5. resources

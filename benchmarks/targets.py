@@ -116,6 +116,11 @@ class Target:
     def durable(self) -> None:
         raise NotImplementedError
 
+    warms_up = False  # has a command that fetches files into its cache without reading
+
+    def warmup(self, directory: Path) -> None:
+        raise NotImplementedError
+
     def stop(self) -> None:
         raise NotImplementedError
 
@@ -163,6 +168,11 @@ class LakefsTarget(Target):
 
     def durable(self) -> None:
         _run([CLI, "flush", str(self.path)], timeout=3600)
+
+    warms_up = True
+
+    def warmup(self, directory: Path) -> None:
+        _run([CLI, "warmup", str(self.path), str(directory)], timeout=3600)
 
     def stop(self) -> None:
         _run([CLI, "unmount", str(self.path)], timeout=3600)
@@ -234,6 +244,11 @@ class JuiceFSTarget(Target):
         while self.pid is None and time.monotonic() < deadline:
             self.pid = _find_daemon("juicefs", self.path)
             time.sleep(0.1)
+
+    warms_up = True
+
+    def warmup(self, directory: Path) -> None:
+        _run([self.binary, "warmup", str(directory)], timeout=3600, env=self._env())
 
     def _staged(self) -> int:
         count = 0

@@ -69,6 +69,10 @@ class CacheBudget:
             freed += size
         return out
 
+    def clean_bytes(self, excluding: set[CachedFile]) -> int:
+        """Bytes of clean chunks (what eviction can free), leaving out these files'."""
+        return sum(n for (cf, _), n in self._clean_lru.items() if cf not in excluding)
+
     def forget_file(self, cf: CachedFile) -> None:
         for ref in [r for r in self._clean_lru if r[0] is cf]:
             del self._clean_lru[ref]

@@ -546,6 +546,19 @@ class CacheManager:
                                               cf.base_size, [idx])
             self._new_chunk(cf, idx).direct = dfd is not None
 
+    async def fetch_chunk(self, cf: CachedFile, idx: int) -> int:
+        """Cache chunk `idx` of `cf` ahead of any reader (a warm-up); returns the bytes
+        fetched from S3 for it (0 if it was cached)."""
+        fetched = 0
+        if idx not in cf.chunks:
+            waited = idx in cf.fetching  # a reader's GET: that one counts it
+            start, end = self._base_span(cf, idx)
+            await self._ensure_disk_room(end - start)  # evicts clean data of others
+            await self._ensure_chunk(cf, idx)
+            fetched = 0 if waited else end - start
+        self.budget.touch((cf, idx))
+        return fetched
+
     @contextmanager
     def _fetching(self, cf: CachedFile, idx: int) -> Iterator[None]:
         """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
@@ -591,6 +604,15 @@ class CacheManager:
                 self.on_chunk_full(cf, first - 1)
         return len(data)
 
+    def disk_room(self, excluding: set[CachedFile]) -> int:
+        """Bytes the cache disk can take in: free space above the journal's reserve, plus
+        the clean chunks eviction can free (leaving out those of `excluding`)."""
+        return max(0, self._free_above_reserve()) + self.budget.clean_bytes(excluding)
+
+    def _free_above_reserve(self) -> int:
+        st = os.statvfs(self.data_dir)
+        return st.f_bavail * st.f_frsize - min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
+
     async def _ensure_disk_room(self, needed: int) -> None:
         """Before new dirty chunks: room for them plus a reserve the journal always keeps.
 
@@ -599,13 +621,11 @@ class CacheManager:
         """
         deadline = trio.current_time() + ENOSPC_PATIENCE
         while True:
-            st = os.statvfs(self.data_dir)
-            free = st.f_bavail * st.f_frsize
-            reserve = min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
-            if free - needed >= reserve:
+            free = self._free_above_reserve()
+            if free >= needed:
                 return
             self.metrics[m.CACHE_FULL_WAITS] += 1
-            if await self.evict_bytes(needed + reserve - free):
+            if await self.evict_bytes(needed - free):
                 continue
             if trio.current_time() > deadline or not self.uploads_busy():
                 log.error("cache disk %s is full: nothing left to evict or upload",

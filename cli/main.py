@@ -24,6 +24,7 @@ from lakefs_mount.config import (
     MiB,
     MountConfig,
     default_log_file,
+    human_bytes,
     parse_size,
     parse_source,
 )
@@ -78,18 +79,6 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            text = f"{value:.0f}" if unit == "B" else f"{value:.1f}".removesuffix(".0")
-            return f"{text} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 def _abs(path: Path | str) -> Path:
@@ -276,6 +265,10 @@ def _left_bytes(info: dict | None) -> int | None:
     return left if isinstance(left, int) else None
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def describe_progress(info: dict) -> str:
     """One human line from a progress report; the last S3 error says why it is slow."""
     parts = []
@@ -284,7 +277,7 @@ def describe_progress(info: dict) -> str:
         parts.append(f"{human_bytes(left)} left")
     files = info.get("files_left", info.get("files"))
     if isinstance(files, int):
-        parts.append(f"{files} file{'s' if files != 1 else ''}")
+        parts.append(_count(files, "file"))
     if "uploaded_bytes" in info:
         parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
     if info.get("last_error"):
@@ -310,6 +303,24 @@ def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
     return None if rel in ("", ".") else rel
 
 
+def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,
+             left_is: str) -> dict:
+    """A daemon operation on PATH that reports progress (flush, warmup): its result, or a
+    CliError that says why it failed, or what was left when it timed out."""
+    name = {"warmup": "warm-up"}.get(op, op)
+    printer = _ProgressPrinter(verb)
+    try:
+        return control.call(mp, {"op": op, "path": rel}, timeout=timeout, on_progress=printer)
+    except ControlTimeout as exc:
+        left = _left_bytes(exc.last_progress or printer.last)
+        still = f"; {left} bytes ({human_bytes(left)}) {left_is}" if left is not None else ""
+        raise CliError(f"{name} timed out after {timeout:g} s{still}") from None
+    except ControlError as exc:
+        raise CliError(f"{name} of {mp / (rel or '')} failed: {exc}") from None
+    finally:
+        printer.done()
+
+
 @cli.command()
 @click.argument("mountpoint", type=click.Path(path_type=Path))
 @click.argument("path", required=False)
@@ -323,23 +334,36 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """
     mp = _abs(mountpoint)
     rel = _relative_in_mount(mp, path)
-    printer = _ProgressPrinter("flushing")
-    try:
-        result = control.call(mp, {"op": "flush", "path": rel}, timeout=timeout,
-                              on_progress=printer)
-    except ControlTimeout as exc:
-        printer.done()
-        left = _left_bytes(exc.last_progress or printer.last)
-        still = f"; {left} bytes ({human_bytes(left)}) still dirty" if left is not None else ""
-        raise CliError(f"flush timed out after {timeout:g} s{still}") from None
-    except ControlError as exc:
-        printer.done()
-        raise CliError(f"flush of {mp / (rel or '')} failed: {exc}") from None
-    printer.done()
+    result = _path_op("flush", mp, rel, timeout, "flushing", "still dirty")
     if sys.stderr.isatty():
         flushed = result.get("flushed_bytes")
         extra = f" ({human_bytes(flushed)} uploaded)" if flushed else ""
         click.echo(f"{PROG}: {mp / (rel or '')} is in S3{extra}", err=True)
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("path", required=False)
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Give up (exit 1) after this long; what came stays cached.")
+def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+    """Fetch every file under PATH (default: the whole mount) from S3 into the cache.
+
+    A restore that follows reads from the cache disk instead of S3: run it while the job
+    still starts. Chunks are fetched with parallel ranged GETs straight into the cache
+    files, within --cache-size (a PATH larger than the cache is refused). Files with
+    changes not yet in S3 are skipped: their bytes are here already. Interrupting stops
+    the warm-up; what was fetched stays cached.
+    """
+    mp = _abs(mountpoint)
+    rel = _relative_in_mount(mp, path)
+    result = _path_op("warmup", mp, rel, timeout, "warming", "not yet cached")
+    files, local = result.get("files", 0), result.get("local_files", 0)
+    skipped = (f"; {_count(local, 'file')} with changes not yet in S3 skipped (their bytes"
+               f" are here)" if local else "")
+    click.echo(f"{PROG}: {mp / (rel or '')} is cached: {_count(files, 'file')}, "
+               f"{human_bytes(result.get('bytes'))} ({human_bytes(result.get('fetched_bytes'))}"
+               f" fetched from S3) in {result.get('seconds', 0):.1f} s{skipped}", err=True)
 
 
 # ---------------------------------------------------------------------------- unmount

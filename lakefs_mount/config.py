@@ -100,6 +100,19 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB' (the inverse of `parse_size`, for people)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            text = f"{value:.0f}" if unit == "B" else f"{value:.1f}".removesuffix(".0")
+            return f"{text} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 def default_log_file(mountpoint: Path) -> Path:
     """Where a daemonized mount logs unless --log-file says otherwise."""
     return _state_root() / "logs" / f"{mount_id(mountpoint)}.log"

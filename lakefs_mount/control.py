@@ -70,6 +70,9 @@ class ControlHandler(Protocol):
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
+    async def warmup(self, path: str | None,
+                     progress: Callable[[dict], Awaitable[None]]) -> dict: ...
+
     async def prepare_unmount(self, flush: bool) -> dict: ...
 
 
@@ -219,11 +222,12 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
     try:
         if op == "status":
             result = await handler.status()
-        elif op == "flush":
+        elif op in ("flush", "warmup"):
             path = request.get("path")
             if path is not None and not isinstance(path, str):
-                raise ValueError("flush: path must be a string or null")
-            result = await handler.flush(path or None, progress)
+                raise ValueError(f"{op}: path must be a string or null")
+            run = handler.flush if op == "flush" else handler.warmup
+            result = await run(path or None, progress)
         elif op == "unmount":
             result = await handler.prepare_unmount(bool(request.get("flush", True)))
         else:

@@ -27,10 +27,11 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
+from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
 from lakefs_mount.control import serve_control
 from lakefs_mount.dirindex import DirIndex, parent_dir_key
-from lakefs_mount.fs import FileSystem
+from lakefs_mount.fs import FileSystem, FSError
 from lakefs_mount.fuse_ops import FuseOperations
 from lakefs_mount.layout import PartMap
 from lakefs_mount.mountpoint import set_kernel_readahead
@@ -268,6 +269,30 @@ class Daemon:
         await self.fs.flush_files(files, on_progress=report)
         await self.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
         return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
+
+    async def warmup(self, path: str | None,
+                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            files, local = await self.fs.remote_files_at(path)
+        except FSError as exc:
+            raise ValueError(str(exc)) from None
+
+        async def report(p: WarmProgress) -> None:
+            await progress({"files_left": p.files_left, "bytes_left": p.bytes_left})
+
+        try:
+            done = await warm_up(self.cache, files, report)
+        except (ObjectStoreError, OSError) as exc:  # S3 after its retries, the cache disk
+            log.warning("warm-up of /%s stopped: %s", path or "", exc)
+            raise ValueError(f"{exc} (what was fetched stays cached)") from exc
+        seconds = round(time.monotonic() - started, 3)
+        log.info("warm-up of /%s: %d files, %d bytes (%d fetched) in %.1f s; %d with local "
+                 "changes skipped", path or "", done.files, done.bytes_total,
+                 done.fetched_bytes, seconds, local)
+        return {"files": done.files, "bytes": done.bytes_total,
+                "fetched_bytes": done.fetched_bytes, "local_files": local,
+                "seconds": seconds}
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
         if flush:

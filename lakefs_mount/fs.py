@@ -626,6 +626,46 @@ class FileSystem:
                 out.append(cf)
         return out
 
+    async def remote_files_at(self, path: str | None) -> tuple[list[CachedFile], int]:
+        """The files at or under `path` (relative to the mount root) whose bytes are in S3
+        and not changed here, for a warm-up, and how many files were left out for having
+        local changes. Directories are listed from S3 where not yet known, each file is
+        checked as at an open (close-to-open); a file removed from S3 meanwhile is left
+        out. FSError(ENOENT/ENOTDIR) for a path that is not there."""
+        node = self.ns.get(ROOT_INO)
+        for name in (path or "").strip("/").split("/"):
+            if name in ("", "."):
+                continue
+            child = await self._child(node, name)
+            if child is None:
+                raise FSError(errno.ENOENT, f"{path}: no such file or directory")
+            node = child
+        out: list[CachedFile] = []
+        local = 0
+        stack = [node]
+        while stack:
+            inode = stack.pop()
+            if inode.is_dir:
+                async with s3_errors(f"listing {self.ns.key_of(inode)}"):
+                    await self.ns.ensure_listed(inode)
+                stack.extend(child for name in list(inode.children)
+                             if (child := self.ns.child(inode, name)) is not None)
+                continue
+            cf = inode.file
+            if inode.kind is not Kind.FILE or cf is None or cf.unlinked:
+                continue
+            if cf.pending or cf.writers or cf.base_key is None:
+                local += 1
+                continue
+            try:
+                await self._revalidate(inode)
+            except FSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                continue
+            out.append(cf)
+        return out, local
+
     async def flush_files(self, files: list[CachedFile],
                           on_progress: Callable[[object], Awaitable[None]] | None = None) -> None:
         await self.flusher.flush(files, on_progress=on_progress)

@@ -26,6 +26,7 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
+from lakefs_mount.cache.warmup import CacheTooSmall, warm_up
 from lakefs_mount.layout import PartMap
 from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.objectstore import ObjectStore
@@ -495,6 +496,45 @@ def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
                                              for i in range(10))
             assert store.calls["get_range"] == 1
     run(body)
+
+
+def test_a_warm_up_fetches_each_missing_chunk_once_even_beside_a_reader(tmp_path):
+    store = MemoryObjectStore()
+    bodies = {"a": random.randbytes(3 * PART + 5), "b": random.randbytes(PART), "c": b"xy"}
+    for key, body in bodies.items():
+        store.put(key, body, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=8 * PART) as c:
+            files = [c.in_s3(key, len(data)) for key, data in bodies.items()]
+            await c.cache.read(files[0], 0, 1)  # chunk 0 of "a" is cached already
+            async with trio.open_nursery() as nursery:  # a reader of "a" at the same time
+                nursery.start_soon(c.cache.read, files[0], PART, PART)
+                done = await warm_up(c.cache, files, _no_report)
+            assert done.files == 3 and done.bytes_total == sum(map(len, bodies.values()))
+            assert done.bytes_left == 0 and done.files_left == 0
+            assert done.fetched_bytes <= done.bytes_total - PART
+            assert store.calls["get_range"] == 4 + 1 + 1  # every chunk once, in all
+            for cf, (key, data) in zip(files, bodies.items(), strict=True):
+                assert await c.cache.read(cf, 0, len(data)) == data, key
+            assert store.calls["get_range"] == 6
+    run(body)
+
+
+def test_a_warm_up_larger_than_the_cache_is_refused_before_any_get(tmp_path):
+    store = MemoryObjectStore()
+    store.put("big", random.randbytes(3 * PART), {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=2 * PART) as c:
+            with pytest.raises(CacheTooSmall, match="do not fit in the cache"):
+                await warm_up(c.cache, [c.in_s3("big", 3 * PART)], _no_report)
+            assert store.calls["get_range"] == 0
+    run(body)
+
+
+async def _no_report(_progress: object) -> None:
+    return None
 
 
 def test_a_small_object_fetched_at_lookup_is_cached_only_if_it_is_the_listed_version(

@@ -8,6 +8,7 @@ import random
 import subprocess
 
 import pytest
+from mounting import cli
 
 MiB = 1024 * 1024
 
@@ -58,3 +59,20 @@ def test_one_file_larger_than_the_cache_disk_gets_enospc_and_keeps_what_was_writ
     info = s3.head("huge.bin")
     assert info is not None and info.size >= written
     assert s3.get_range("huge.bin", 0, written) == block * (written // MiB)
+
+
+def test_a_warm_up_larger_than_the_cache_disk_is_refused_and_one_that_fits_runs(
+        tiny_cache_mount, s3):
+    m = tiny_cache_mount  # --cache-size 1G on a 48 MiB disk
+    for i in range(6):
+        s3.put(f"ckpt/{i}.bin", random.randbytes(8 * MiB), {})
+    refused = cli("warmup", str(m.path), "ckpt")
+    assert refused.returncode == 1
+    assert "do not fit on the cache disk" in refused.stderr, refused.stderr
+    assert m.counters().get("gets", 0) == 0
+    done = cli("warmup", str(m.path), "ckpt/0.bin")
+    assert done.returncode == 0, done.stderr
+    before = m.counters()["gets"]
+    assert (m.path / "ckpt/0.bin").read_bytes() == s3.get_range("ckpt/0.bin", 0, 8 * MiB)
+    assert m.counters()["gets"] == before
+
