@@ -4,8 +4,11 @@ real mount over SeaweedFS; the restore that follows sends no GET."""
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import time
 
-from mounting import cli
+from mounting import CLI, cli
 
 MiB = 1024 * 1024
 PART = 8 * MiB
@@ -109,3 +112,30 @@ def test_an_s3_outage_fails_the_warm_up_and_a_retry_completes_it(mount_factory, 
         if key.startswith("ckpt/"):
             assert (m.path / key).read_bytes() == body
     assert _gets(m) == before
+
+
+def test_an_interrupted_warm_up_stops_fetching_and_keeps_what_came(mount_factory, s3,
+                                                                  fault_proxy):
+    bodies = {f"slow/{i}.bin": random.randbytes(PART) for i in range(24)}  # a chunk each
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.bandwidth_bytes_per_s = 2 * MiB  # per connection: 4 s per GET
+    proc = subprocess.Popen([CLI, "warmup", str(m.path), "slow"], stdin=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) != 0
+    gets, deadline = -1, time.monotonic() + 30
+    while gets != (gets := _gets(m)) and time.monotonic() < deadline:
+        time.sleep(2)  # the GETs under way finish; no new one starts
+    assert 0 < gets < len(bodies)
+    fault_proxy.bandwidth_bytes_per_s = 0
+    done = cli("warmup", str(m.path), "slow")
+    assert done.returncode == 0, done.stderr
+    before = _gets(m)
+    assert before == len(bodies)  # a GET each in all: what the interrupted one got was kept
+    for key, body in bodies.items():
+        assert (m.path / key).read_bytes() == body
+    assert _gets(m) == before
+
