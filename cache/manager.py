@@ -614,7 +614,8 @@ class CacheManager:
         return st.f_bavail * st.f_frsize - min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
 
     async def _ensure_disk_room(self, needed: int) -> None:
-        """Before new dirty chunks: room for them plus a reserve the journal always keeps.
+        """Before new dirty chunks (or a warm-up's fetch): room for them plus a reserve the
+        journal always keeps.
 
         The journal must never be the thing that hits a full disk: an intent that cannot
         be recorded would leave a write that cannot be acknowledged safely.
