@@ -36,6 +36,7 @@ from lakefs_mount.cache.direct import (
     aligned,
     round_up,
     split_aligned,
+    write_back,
     write_through,
 )
 from lakefs_mount.cache.fdtable import FdTable
@@ -516,8 +517,10 @@ class CacheManager:
                 self._new_chunk(cf, 0)
             return info
 
-    async def _ensure_chunk(self, cf: CachedFile, idx: int) -> None:
-        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed."""
+    async def _ensure_chunk(self, cf: CachedFile, idx: int, written_back: bool = False) -> None:
+        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed;
+        `written_back`: through the page cache, then on disk and out of it (`write_back`)
+        before it counts as cached."""
         while True:
             if idx in cf.chunks:
                 return
@@ -533,7 +536,7 @@ class CacheManager:
             assert cf.base_key is not None
             # A span of 1 MiB or more skips the page cache; a smaller one (a small file)
             # is likely read again soon and costs little there.
-            direct = end - start >= BUFFER_SIZE
+            direct = end - start >= BUFFER_SIZE and not written_back
             async with self._fetch_slots, self._io(cf, direct) as fd:
                 dfd = self._dfd(cf) if direct else None
 
@@ -541,20 +544,25 @@ class CacheManager:
                     write_through(fd, dfd, piece, offset)
 
                 await self.store.get_range_into(cf.base_key, start, end, write_piece)
+                if written_back:  # (fetched: kept even if the warm-up is being stopped)
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(write_back, fd, start, end)
             if cf.base_etag is not None and cf.fid is not None:
                 self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag,
                                               cf.base_size, [idx])
-            self._new_chunk(cf, idx).direct = dfd is not None
+            self._new_chunk(cf, idx).direct = dfd is not None or (
+                written_back and self.fds.can_direct)  # (on disk: O_DIRECT reads see it)
 
     async def fetch_chunk(self, cf: CachedFile, idx: int) -> int:
         """Cache chunk `idx` of `cf` ahead of any reader (a warm-up); returns the bytes
-        fetched from S3 for it (0 if it was cached)."""
+        fetched from S3 for it (0 if it was cached). Nobody waits for a page of it, so
+        it is written back as a whole (faster here than in O_DIRECT pieces)."""
         fetched = 0
         if idx not in cf.chunks:
             waited = idx in cf.fetching  # a reader's GET: that one counts it
             start, end = self._base_span(cf, idx)
             await self._ensure_disk_room(end - start)  # evicts clean data of others
-            await self._ensure_chunk(cf, idx)
+            await self._ensure_chunk(cf, idx, written_back=True)
             fetched = 0 if waited else end - start
         self.budget.touch((cf, idx))
         return fetched

@@ -3,8 +3,9 @@ fetched from S3 with parallel ranged GETs, with no reader in the way.
 
 A job that reads its checkpoint after a warm-up reads it from the cache disk; a scheduler
 can run the warm-up while the job still starts (imports, process groups). The fetch goes
-straight from S3 to the cache files: no FUSE request, no page cache, and the cache disk
-only writes, where a cold read has it write and read at once.
+straight from S3 to the cache files: no FUSE request, and the cache disk only writes,
+where a cold read has it write and read at once. Each chunk is on disk and out of the
+page cache before it counts as cached (`CacheManager.fetch_chunk`).
 """
 
 from __future__ import annotations

@@ -76,6 +76,28 @@ def test_a_fetched_chunk_skips_the_page_cache_and_reads_back_right(tmp_path):
     run(body)
 
 
+def test_a_warmed_up_chunk_is_on_disk_and_out_of_the_page_cache(tmp_path):
+    """A warm-up writes a chunk through the page cache, then writes it back and drops it:
+    before it counts as cached its bytes are on disk, none is left in the page cache, and
+    reads take the O_DIRECT path as for any fetched chunk."""
+    store = MemoryObjectStore()
+    data = random.randbytes(PART + 3 * MiB + 123)
+    store.put("ckpt", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("ckpt", len(data))
+            assert await c.cache.fetch_chunk(cf, 0) == PART
+            assert await c.cache.fetch_chunk(cf, 1) == len(data) - PART
+            path = c.cache.cache_path(cf.fid)
+            assert cached_pages(path) == 0
+            assert cf.chunks[0].direct and cf.chunks[1].direct
+            got = [await c.cache.read_lent(cf, off, MiB) for off in range(0, len(data), MiB)]
+            assert b"".join(got) == data and isinstance(got[0], memoryview)
+            assert await c.cache.fetch_chunk(cf, 0) == 0  # cached: nothing fetched
+    run(body)
+
+
 def test_a_written_chunk_is_read_through_the_page_cache_and_commits_right(tmp_path):
     store = MemoryObjectStore()
     data = bytearray(random.randbytes(2 * MiB))
