@@ -208,4 +208,3 @@ def write_back(fd: int, start: int, end: int) -> None:
     a warm-up of 8 x 256 MiB took 0.43-0.49 against 0.36-0.41 GiB/s here."""
     os.fdatasync(fd)
     os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-

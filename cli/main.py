@@ -321,11 +321,18 @@ def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: st
         printer.done()
 
 
-@cli.command()
-@click.argument("mountpoint", type=click.Path(path_type=Path))
-@click.argument("path", required=False)
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Give up (exit 1) after this long; default: wait until done.")
+def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A command over MOUNTPOINT [PATH] with --timeout (flush, warmup)."""
+    def make(fn: Callable[..., None]) -> click.Command:
+        fn = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+                          help=timeout_help)(fn)
+        fn = click.argument("path", required=False)(fn)
+        fn = click.argument("mountpoint", type=click.Path(path_type=Path))(fn)
+        return cli.command()(fn)
+    return make
+
+
+@_path_command("Give up (exit 1) after this long; default: wait until done.")
 def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """Block until everything written under PATH (default: the whole mount) is in S3.
 
@@ -341,11 +348,7 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
         click.echo(f"{PROG}: {mp / (rel or '')} is in S3{extra}", err=True)
 
 
-@cli.command()
-@click.argument("mountpoint", type=click.Path(path_type=Path))
-@click.argument("path", required=False)
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Give up (exit 1) after this long; what came stays cached.")
+@_path_command("Give up (exit 1) after this long; what came stays cached.")
 def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """Fetch every file under PATH (default: the whole mount) from S3 into the cache.
 
