@@ -25,8 +25,6 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from lakefs_mount.uring import write_on_this_thread
-
 log = logging.getLogger(__name__)
 
 ALIGN = 4096  # offsets, lengths and memory of O_DIRECT I/O: the largest logical block size
@@ -173,32 +171,6 @@ def read_pieces(fd: int, dfd: int | None, start: int, end: int) -> Iterator[memo
 def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
     """Bytes [start, end) of a cache file as one bytes object (see `read_pieces`)."""
     return b"".join(bytes(piece) for piece in read_pieces(fd, dfd, start, end))
-
-
-def write_through(fd: int, dfd: int | None, data: bytes | memoryview, offset: int) -> None:
-    """Write `data` at `offset` from a worker thread: its whole aligned pages with
-    O_DIRECT (through this thread's aligned buffer), the rest buffered."""
-    view = memoryview(data).cast("B")
-    direct = len(view) // ALIGN * ALIGN if dfd is not None and aligned(offset) else 0
-    done = 0
-    if direct:
-        buf = _thread_buffer()
-        with memoryview(buf) as aligned_view:
-            while done < direct:
-                n = min(direct - done, BUFFER_SIZE)
-                aligned_view[:n] = view[done:done + n]
-                try:
-                    written = os.pwrite(dfd, aligned_view[:n], offset + done)  # type: ignore[arg-type]
-                except OSError as exc:  # EINVAL: refused; the reader gives O_DIRECT up
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    break
-                if written != n:  # only at ENOSPC-like ends; the rest goes buffered
-                    done += max(0, written // ALIGN * ALIGN)
-                    break
-                done += n
-    if done < len(view):
-        write_on_this_thread(fd, view[done:], offset + done)
 
 
 def write_back(fd: int, start: int, end: int) -> None:

@@ -185,6 +185,7 @@ class Daemon:
                 log.info("unmounted %s", config.mountpoint)
                 await self._final_flush()
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
+                await self.cache.settle_all()
                 await self.journal.write_notes()
                 nursery.cancel_scope.cancel()
 

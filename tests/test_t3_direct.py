@@ -14,14 +14,14 @@ import random
 from pathlib import Path
 
 import pytest
+import trio
 
-from lakefs_mount.cache import direct
+from lakefs_mount.cache import direct, manager
 from lakefs_mount.cache.direct import (
     ALIGN,
     BUFFER_SIZE,
     AlignedBuffers,
     read_through,
-    write_through,
 )
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.memstore import MemoryObjectStore
@@ -54,25 +54,68 @@ def drop_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def test_a_fetched_chunk_skips_the_page_cache_and_reads_back_right(tmp_path):
-    """An object's chunks go to the cache file with O_DIRECT (but for an unaligned tail)
-    and are read back the same way: the cache file does not grow the page cache."""
+def noted(c) -> list[int]:
+    """Chunks of "ckpt" the journal holds for the next mount."""
+    warm = c.journal.warm_files().get("ckpt")
+    return [] if warm is None else warm.chunks
+
+
+async def settled(cf, idx: int, within: float = 5.0) -> None:
+    """Wait until chunk `idx` is on disk and read with O_DIRECT."""
+    with trio.fail_after(within):
+        while not cf.chunks[idx].direct:
+            await trio.sleep(0.02)
+
+
+def test_a_fetched_chunk_is_read_from_memory_then_written_back_and_noted(tmp_path):
+    """A chunk a reader waits for stays in the page cache until a read reaches its end;
+    then it goes to disk, leaves the page cache, is noted in the journal for the next
+    mount, and is read back with O_DIRECT. Until then the journal does not know it."""
     store = MemoryObjectStore()
-    data = random.randbytes(3 * MiB + 123)
-    store.put("ckpt", data, {})
+    data = random.randbytes(PART + 3 * MiB + 123)
+    etag = store.put("ckpt", data, {})
 
     async def body() -> None:
         async with core(tmp_path, store) as c:
-            cf = c.in_s3("ckpt", len(data))
-            got = [await c.cache.read_lent(cf, off, MiB) for off in range(0, len(data), MiB)]
-            assert b"".join(got) == data
-            assert all(isinstance(v, memoryview) and v.readonly for v in got)
-            assert cf.chunks[0].direct
+            cf = c.in_s3("ckpt", len(data), etag)
+            first = await c.cache.read_lent(cf, 0, MiB)
+            assert first == data[:MiB] and isinstance(first, memoryview) and first.readonly
             path = c.cache.cache_path(cf.fid)
-            assert path.read_bytes() == data
-            drop_page_cache(path)
-            assert await c.cache.read_lent(cf, MiB, MiB) == data[MiB:2 * MiB]
-            assert cached_pages(path) == 0
+            assert cached_pages(path) >= PART // mmap.PAGESIZE  # chunk 0, in memory
+            await c.cache.journal.write_notes()
+            assert noted(c) == []
+            assert not cf.chunks[0].direct
+            got = [await c.cache.read_lent(cf, off, MiB) for off in range(MiB, PART, MiB)]
+            assert b"".join([first, *got]) == data[:PART]
+            await settled(cf, 0)  # (the write-back the last read started)
+            await c.cache.journal.write_notes()
+            assert noted(c) == [0]  # chunk 1, fetched ahead of the reader: not yet
+            assert cached_pages(path) <= (len(data) - PART) // mmap.PAGESIZE + 1
+            assert await c.cache.read_lent(cf, 2 * MiB, MiB) == data[2 * MiB:3 * MiB]
+            rest = await c.cache.read(cf, PART, len(data) - PART)  # chunk 1, read whole
+            assert rest == data[PART:]
+            await settled(cf, 1)
+            await c.cache.journal.write_notes()
+            assert noted(c) == [0, 1]
+            assert cached_pages(path) == 0 and path.read_bytes() == data
+    run(body)
+
+
+def test_a_fetched_chunk_nobody_reads_to_its_end_is_written_back_in_time(tmp_path):
+    """A random reader, or readahead past where the reader stops: the chunk leaves the
+    page cache FRESH_FOR seconds after its fetch all the same."""
+    store = MemoryObjectStore()
+    data = random.randbytes(2 * PART)
+    etag = store.put("ckpt", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("ckpt", len(data), etag)
+            assert await c.cache.read(cf, PART + 5, 100) == data[PART + 5:PART + 105]
+            path = c.cache.cache_path(cf.fid)
+            await settled(cf, 1, manager.FRESH_FOR + 3 * manager.NOTES_EVERY)
+            await c.cache.journal.write_notes()
+            assert cached_pages(path) == 0 and noted(c) == [1]
     run(body)
 
 
@@ -200,7 +243,9 @@ def test_a_disk_that_refuses_o_direct_requests_falls_back_to_the_page_cache(tmp_
                     return checked
 
             c.cache.engine = Refusing()  # type: ignore[assignment]
-            cf = c.in_s3("old", len(old))  # fetched with O_DIRECT (a thread, real fds)
+            cf = c.in_s3("old", len(old))
+            assert await c.cache.read(cf, 0, len(old)) == old  # fetched, then written back
+            await settled(cf, 0)
             assert await c.cache.read_lent(cf, MiB, MiB) == old[MiB:]  # refused, redone
             assert refused and not c.cache.fds.can_direct
             assert await c.cache.read_lent(cf, 0, MiB) == old[:MiB]
@@ -239,24 +284,6 @@ def test_a_lent_buffer_comes_back_only_once_nobody_holds_its_view():
     assert pool.take() is not first
     pin.release()
     assert pool.take() is first
-
-
-def test_write_through_puts_whole_pages_direct_and_the_rest_buffered(tmp_path):
-    path = tmp_path / "f"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    dfd = direct.DirectOpener().open(str(path))
-    assert dfd is not None
-    try:
-        data = random.randbytes(BUFFER_SIZE + 2 * ALIGN + 77)  # more than one buffer
-        write_through(fd, dfd, data, ALIGN)  # aligned: pages direct, the tail buffered
-        write_through(fd, dfd, b"odd", 1)  # unaligned: buffered
-        write_through(fd, None, b"xyz", 8)  # no twin: buffered
-        expect = bytearray(ALIGN) + data
-        expect[1:4], expect[8:11] = b"odd", b"xyz"
-        assert os.pread(fd, len(expect) + 10, 0) == expect
-    finally:
-        os.close(dfd)
-        os.close(fd)
 
 
 def test_read_through_reads_aligned_pieces_direct_and_pads_past_the_end(tmp_path):
