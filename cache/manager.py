@@ -601,6 +601,8 @@ class CacheManager:
         to O_DIRECT reads, unless it changed meanwhile (written, evicted, or a new version
         in S3): then the journal does not note it."""
         try:
+            if cf.chunks.get(idx) is not ch:  # evicted, or its file removed, meanwhile
+                return
             with trio.CancelScope(shield=True):  # (an unmount waits for it)
                 start, end = self._base_span(cf, idx)
                 async with self._io(cf) as fd:
