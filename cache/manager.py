@@ -490,9 +490,7 @@ class CacheManager:
         size = end - start
         touched = self.parts.chunks_between(start, end)
         fresh = bool(self._fresh) and any((cf, idx) in self._fresh for idx in touched)
-        if (size > BUFFER_SIZE or not aligned(start)
-                or not all((ch := cf.chunks.get(idx)) is not None
-                           and (ch.direct or (cf, idx) in self._fresh) for idx in touched)):
+        if size > BUFFER_SIZE or not aligned(start) or not (fresh or cf.all_direct(touched)):
             return None
         buf = self._buffers.take()
         with memoryview(buf) as view:  # a failed or cancelled read may leave the kernel
