@@ -34,7 +34,7 @@ from lakefs_mount.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.fs import FileSystem, FSError
 from lakefs_mount.fuse_ops import FuseOperations
 from lakefs_mount.layout import PartMap
-from lakefs_mount.mountpoint import set_fuse_background, set_kernel_readahead
+from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
 from lakefs_mount.splice import advice as splice_advice
@@ -48,7 +48,6 @@ JOURNAL_NAME = "journal.db"
 STARTUP_CONNECT_TIMEOUT = 3.0  # seconds per connection attempt of the start-up bucket check
 STARTUP_READ_TIMEOUT = 15.0
 KERNEL_READ_AHEAD_KIB = 1024  # = the largest FUSE request (see set_kernel_readahead)
-FUSE_BACKGROUND = 64  # read-ahead requests the kernel keeps in flight (see set_fuse_background)
 # Cache files kept open at most: half of the descriptors the rest of the daemon (S3
 # connections, the journal, FUSE, the control socket) leaves, within these bounds.
 CACHE_FDS_MIN = 16
@@ -200,9 +199,8 @@ class Daemon:
         pyfuse3.init(FuseOperations(self.fs), str(self.config.mountpoint), options)
 
     async def _tune_kernel(self) -> None:
-        """Raise the kernel read-ahead and its requests in flight once the kernel has our
-        INIT reply (which would reset them): a stat() of the mount root from a thread
-        returns only after that."""
+        """Raise the kernel read-ahead once the kernel has our INIT reply (which would
+        reset it): a stat() of the mount root from a thread returns only after that."""
         def tune() -> None:
             try:
                 os.stat(self.config.mountpoint)
@@ -210,7 +208,6 @@ class Daemon:
                 log.info("kernel read-ahead not tuned: %s", exc)
                 return
             set_kernel_readahead(self.config.mountpoint, KERNEL_READ_AHEAD_KIB)
-            set_fuse_background(self.config.mountpoint, FUSE_BACKGROUND)
 
         await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 

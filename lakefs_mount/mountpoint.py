@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 SYSFS_BDI = Path("/sys/class/bdi")
-FUSECTL = Path("/sys/fs/fuse/connections")  # the fusectl filesystem: one directory per mount
 _STALE_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
@@ -93,38 +92,6 @@ def set_kernel_readahead(path: Path, kib: int) -> bool:
         (SYSFS_BDI / entry.device / "read_ahead_kb").write_text(f"{kib}\n")
     except OSError as exc:
         log.info("kernel read-ahead of %s left at its default: %s", path, exc)
-        return False
-    return True
-
-
-def fuse_connection(entry: MountEntry) -> Path:
-    """The fusectl directory of a FUSE mount, named after the kernel's own dev_t."""
-    major, minor = (int(n) for n in entry.device.split(":"))
-    return FUSECTL / str(major << 20 | minor)
-
-
-def set_fuse_background(path: Path, requests: int) -> bool:
-    """Let the kernel keep `requests` background requests (its read-ahead) of the FUSE
-    mount at `path` in flight, and count it congested only at three quarters of that.
-
-    The kernel's default is 12, congested at 9: then it skips the asynchronous part of
-    its read-ahead, and 8 sequential readers of a warm cache keep the cache disk at a
-    queue depth near 8 (warm restore 8 x 256 MiB, 9 pairs on the development VM:
-    64 was faster or equal in each, by 7 % in the median). Set through fusectl, which is
-    mounted here if it is not (systemd mounts it at boot). Needs root.
-    """
-    entry = find_mount(path)
-    if entry is None or not entry.device:
-        return False
-    conn = fuse_connection(entry)
-    try:
-        if not conn.is_dir() and not any(e.fstype == "fusectl" for e in read_mountinfo()):
-            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], check=True,
-                           capture_output=True, timeout=10)
-        (conn / "max_background").write_text(f"{requests}\n")
-        (conn / "congestion_threshold").write_text(f"{requests * 3 // 4}\n")
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.info("FUSE background requests of %s left at the kernel's default: %s", path, exc)
         return False
     return True
 

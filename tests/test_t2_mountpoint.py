@@ -22,7 +22,6 @@ from lakefs_mount.mountpoint import (
     is_mounted,
     is_stale,
     read_mountinfo,
-    set_fuse_background,
     unmount,
 )
 
@@ -120,13 +119,6 @@ def test_already_mounted(tmpfs):
     assert any(e.mountpoint == str(tmpfs) and e.source == "lmtest" for e in read_mountinfo())
     with pytest.raises(MountpointError, match=r"already mounted \(tmpfs from lmtest\)"):
         check_mountpoint(tmpfs)
-
-
-def test_fuse_tuning_of_a_mount_that_is_not_fuse_is_declined_and_said(tmpfs, tmp_path, caplog):
-    caplog.set_level("INFO", logger="lakefs_mount.mountpoint")
-    assert not set_fuse_background(tmp_path, 64)  # not a mount point at all
-    assert not set_fuse_background(tmpfs, 64)  # a mount without a fusectl directory
-    assert "left at the kernel's default" in caplog.text
 
 
 @needs_root

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lakefs_mount.mountpoint import SYSFS_BDI, find_mount, fuse_connection
+from lakefs_mount.mountpoint import SYSFS_BDI, find_mount
 
 MiB = 1024 * 1024
 PART = 8 * MiB
@@ -45,16 +45,6 @@ def test_the_kernel_reads_ahead_in_whole_1_mib_requests(mount):
     entry = find_mount(mount.path)
     assert entry is not None and entry.fstype == "fuse.lakefs"
     assert (SYSFS_BDI / entry.device / "read_ahead_kb").read_text().strip() == "1024"
-
-
-def test_the_kernel_keeps_64_read_ahead_requests_in_flight(mount):
-    """The default of 12 (congested at 9) stops the asynchronous read-ahead of 8
-    sequential readers, and with it the cache disk's queue depth."""
-    entry = find_mount(mount.path)
-    assert entry is not None
-    conn = fuse_connection(entry)
-    assert (conn / "max_background").read_text().strip() == "64"
-    assert (conn / "congestion_threshold").read_text().strip() == "48"
 
 
 def test_partial_unaligned_and_concurrent_reads(mount_factory, s3):

@@ -77,19 +77,3 @@ def test_cache_disk_benchmark_reports_the_mixed_rate_and_leaves_nothing(tmp_path
     assert all(rate > 0 for rate in rates.values()), proc.stdout
     assert "tops out near" in proc.stdout
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.timeout(300)
-def test_fuse_background_benchmark_compares_each_value_on_one_mount(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    proc = subprocess.run([sys.executable, "benchmarks/fuse_background.py", "--file-mib", "8",
-                           "--runs", "2", "--values", "12,64", "--workdir", str(work)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
-    assert len(rounds) == 2 and all("max_background 64:" in line for line in rounds)
-    summary = re.findall(r"max_background (\d+): median ([\d.]+) GiB/s, ([\d.]+) x raw disk",
-                         proc.stdout)
-    assert [v for v, _, _ in summary] == ["12", "64"], proc.stdout
-    assert all(float(rate) > 0 and float(ratio) > 0 for _, rate, ratio in summary)
-    assert not work.exists()  # the mount, the server and the scratch data are gone
