@@ -65,6 +65,47 @@ def test_partial_unaligned_and_concurrent_reads(mount_factory, s3):
     assert m.counters()["gets"] <= 4  # one GET per chunk, however many readers
 
 
+def _settled_counters(m, within: float = 5.0) -> dict[str, int]:
+    """The daemon's counters once readahead in flight has finished (unchanged for 0.5 s)."""
+    deadline = time.monotonic() + within
+    last = m.counters()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = m.counters()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def test_a_random_reader_fetches_only_the_chunks_it_touches(mount_factory, s3):
+    data = random.randbytes(12 * PART)
+    s3.put("rand.bin", data, {})
+    m = mount_factory("--part-size", "8M", "--read-ahead", "4")
+    with open(m.path / "rand.bin", "rb") as f:
+        for idx in (9, 2, 6):  # never at offset 0, never where the last read ended
+            off = idx * PART + MiB
+            f.seek(off)
+            assert f.read(4096) == data[off:off + 4096]
+    counters = _settled_counters(m)
+    assert counters["gets"] == 3
+    assert counters["bytes_downloaded"] == 3 * PART
+
+
+def test_a_sequential_reader_has_the_next_chunks_fetched_ahead_and_no_more(mount_factory, s3):
+    data = random.randbytes(12 * PART)
+    s3.put("seq.bin", data, {})
+    m = mount_factory("--part-size", "8M", "--read-ahead", "4")
+    with open(m.path / "seq.bin", "rb") as f:
+        assert f.read(4096) == data[:4096]
+        counters = _settled_counters(m)
+        assert counters["gets"] == 1 + 4  # its chunk, then --read-ahead chunks after it
+        assert counters["bytes_downloaded"] == 5 * PART
+        f.seek(PART)
+        assert f.read() == data[PART:]  # the chunks fetched ahead are not fetched again
+    assert m.counters()["gets"] == 12
+
+
 def test_file_4x_the_cache_size_reads_right_and_the_cache_stays_under_its_cap(
         mount_factory, s3):
     data = random.randbytes(16 * PART)
