@@ -15,11 +15,17 @@ def point(values: list[float], unit: str, *, higher_is_better: bool = True,
 
 
 def fill_ratios(points: dict[str, dict[str, Any]]) -> None:
-    """ratio = median / baseline's median (for times: our time / baseline time)."""
+    """ratio = median / baseline's median (for times: our time / baseline time); for a
+    point with `paired` baseline values (one measured right before each of its runs), the
+    median of the runs' own ratios."""
     for p in points.values():
         base = p.get("baseline")
         if base is None:
             p["ratio"] = None
+            continue
+        paired = p.get("paired")
+        if paired and len(paired) == len(p["runs"]) and all(paired):
+            p["ratio"] = statistics.median(v / b for v, b in zip(p["runs"], paired, strict=True))
             continue
         ref = points.get(base) if isinstance(base, str) else None
         ref_median = ref["median"] if ref else p.get("baseline_value")

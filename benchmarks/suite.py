@@ -49,6 +49,9 @@ HERE = Path(__file__).resolve().parent
 ENGINES = ("uring", "threads")
 RAW_PART = 16 * MiB  # boto3 baselines: part / range size
 RAW_CONCURRENCY = 16  # boto3 baselines: requests in flight in total
+# Restore ratios: this machine's disk and S3 rates drift by up to 2x within minutes, so
+# each cold (warm) read is compared with a raw GET (raw disk read) run just before it.
+PAIRED = "paired (median over runs of each one / the baseline run just before it)"
 READERS = 8  # small-file reads: reader processes on a mount, GetObject threads of the baseline
 READ_DIRS = 10  # small-file reads: the objects are spread over >= 10 sub-directories ...
 READ_DIR_MAX = 2000  # ... of at most 2,000 files each
@@ -78,6 +81,7 @@ class Suite:
         self.peers: dict[str, str] = {}
         self.peer_bins: dict[str, str] = {}
         self._bucket_no = 0
+        self.raw_bucket: str | None = None  # the raw upload's objects (raw_s3, raw_get)
         self.small_errors: dict[str, str] = {}
         self.read_errors: dict[str, str] = {}
         self.anomalies: list[str] = []
@@ -194,13 +198,27 @@ class Suite:
                 self.log(f"raw disk write run {r + 1} fsync={fsync}: "
                          f"{n / GiB / (t1 - t0):.2f} GiB/s")
         for r in range(self.args.runs):
-            self.drop_caches()
-            res = run_parallel("read", [(str(d / n), MiB) for n in self.names()])
-            self.verify_reads("raw disk read", res)
-            t0, t1, n = span(res)
-            out["read"].append(n / GiB / (t1 - t0))
-            self.log(f"raw disk read run {r + 1}: {n / GiB / (t1 - t0):.2f} GiB/s")
+            out["read"].append(self.raw_disk_read(f"raw disk read run {r + 1}"))
         return out
+
+    def raw_disk_read(self, what: str) -> float:
+        """One parallel read of the raw-disk files, page cache dropped: GiB/s."""
+        self.drop_caches()
+        res = run_parallel("read", [(str(self.work / "raw" / n), MiB) for n in self.names()])
+        self.verify_reads(what, res)
+        t0, t1, n = span(res)
+        self.log(f"{what}: {n / GiB / (t1 - t0):.3f} GiB/s")
+        return n / GiB / (t1 - t0)
+
+    def raw_get(self, what: str) -> float:
+        """One pass of parallel ranged GETs of the raw upload's objects: GiB/s."""
+        assert self.raw_bucket is not None
+        self.drop_caches()
+        res = self.get_all(self.raw_bucket, "ckpt/")
+        self.verify_reads(what, res)
+        t0, t1, n = span(res)
+        self.log(f"{what}: {n / GiB / (t1 - t0):.3f} GiB/s")
+        return n / GiB / (t1 - t0)
 
     def raw_s3(self) -> dict[str, Any]:
         """boto3 transfer manager upload of the raw-disk files, then parallel ranged GETs."""
@@ -231,21 +249,17 @@ class Suite:
             out["upload_s"].append(elapsed)
             out["upload_cpu"].append(cpu / (self.total / GiB))
             self.log(f"raw S3 upload run {r + 1}: {self.total / GiB / elapsed:.3f} GiB/s")
+        self.raw_bucket = bucket  # kept for the restores' paired baselines
         for r in range(self.args.runs):
-            self.drop_caches()
-            res = self.get_all(bucket, "ckpt/")
-            self.verify_reads("raw ranged GET", res)
-            t0, t1, n = span(res)
-            out["get"].append(n / GiB / (t1 - t0))
-            self.log(f"raw ranged GET run {r + 1}: {n / GiB / (t1 - t0):.3f} GiB/s")
-        self.delete_bucket(bucket)
+            out["get"].append(self.raw_get(f"raw ranged GET run {r + 1}"))
         return out
 
     def checkpoint_runs(self, label: str, make: Callable[[Path, str], Target],
                         restore: bool) -> dict[str, Any]:
         """Write + time-to-durable (+ resources) per run; restore cold/warm per run."""
         out: dict[str, Any] = {"write": [], "durable_s": [], "cpu_per_gib": [], "rss": [],
-                               "cold": [], "warm": [], "warmup": []}
+                               "cold": [], "warm": [], "warmup": [],
+                               "cold_base": [], "warm_base": []}
         keep_bucket = None
         for r in range(self.args.runs):
             bucket = self.new_bucket("ckpt")
@@ -280,6 +294,11 @@ class Suite:
                 target = self.start_target(make(self.work / f"{label}-r{r}", keep_bucket))
                 try:
                     for phase in ("cold", "warm"):
+                        # the baseline of this very read, just before it (see PAIRED)
+                        out[f"{phase}_base"].append(
+                            self.raw_get(f"raw ranged GET before {label} cold run {r + 1}")
+                            if phase == "cold" else
+                            self.raw_disk_read(f"raw disk read before {label} warm run {r + 1}"))
                         self.drop_caches()
                         res = run_parallel("read", [(str(target.path / "ckpt" / n), MiB)
                                                     for n in self.names()])
@@ -677,6 +696,8 @@ class Suite:
                 traceback.print_exc()
                 per_target[key] = {"label": label, "error": f"{type(exc).__name__}: {exc}"}
                 self.kill_live()
+        if self.raw_bucket:
+            self.delete_bucket(self.raw_bucket)
         ok = {k: v for k, v in per_target.items() if "error" not in v}
         errors = {k: v["error"] for k, v in per_target.items() if "error" in v}
 
@@ -705,9 +726,11 @@ class Suite:
         for k, v in ok.items():
             if v["cold"]:
                 rs[f"{k}_cold"] = P(v["cold"], "GiB/s", label=f"{v['label']} cold",
-                                    baseline="raw_get")
+                                    baseline="raw_get", paired=v["cold_base"],
+                                    baseline_label=f"raw ranged GET (boto3), {PAIRED}")
                 rs[f"{k}_warm"] = P(v["warm"], "GiB/s", label=f"{v['label']} warm",
-                                    baseline="raw_disk_read")
+                                    baseline="raw_disk_read", paired=v["warm_base"],
+                                    baseline_label=f"raw disk read, {PAIRED}")
             if v["warmup"]:
                 rs[f"{k}_warmup"] = P(v["warmup"], "GiB/s", baseline="raw_get",
                                       label=f"{v['label']} warm-up command (S3 -> cache)")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.report import fill_ratios, point
 from lakefs_mount.splice import PIPE_MAX_SIZE, writes_can_splice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,10 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
     assert {"lakefs_uring", "lakefs_threads", "raw_disk"} <= set(pts["checkpoint_write"]["points"])
     assert {"lakefs_uring_cold", "lakefs_uring_warm", "lakefs_uring_warmup", "raw_get"} <= set(
         pts["restore"]["points"])
+    for phase in ("cold", "warm"):  # each compared with a baseline run just before it
+        p = pts["restore"]["points"][f"lakefs_uring_{phase}"]
+        assert len(p["paired"]) == len(p["runs"]) and all(b > 0 for b in p["paired"]), p
+        assert p["ratio"] == pytest.approx(p["runs"][0] / p["paired"][0]), p
     assert results["goals"], log
     assert "PASS" in proc.stdout or "FAIL" in proc.stdout, log
     assert (out / "results.md").is_file()
@@ -64,6 +69,20 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
     # the README's tuning (spliced write requests) held for the run only, and is reported
     assert PIPE_MAX_SIZE.read_text() == pipe_max_size
     assert any("fs.pipe-max-size" in note for note in results["meta"]["notes"]) == tuned, log
+
+
+def test_a_paired_ratio_is_the_median_of_each_run_over_its_own_baseline() -> None:
+    """The disk slowed from ~1.9 to ~1 GiB/s between the baseline's runs at the start
+    and the mount's reads: paired, the mount read at 0.9 of the disk's rate of the moment;
+    against the early runs it would look like 0.47."""
+    points = {"raw": point([2.0, 1.8, 1.9], "GiB/s"),
+              "mount": point([0.9, 0.855, 0.945], "GiB/s", baseline="raw",
+                             paired=[1.0, 0.95, 1.05]),
+              "unpaired": point([0.9], "GiB/s", baseline="raw")}
+    fill_ratios(points)
+    assert points["mount"]["ratio"] == pytest.approx(0.9)
+    assert points["unpaired"]["ratio"] == pytest.approx(0.9 / 1.9)
+    assert points["raw"]["ratio"] is None
 
 
 def test_cache_disk_benchmark_reports_the_mixed_rate_and_leaves_nothing(tmp_path: Path) -> None:
