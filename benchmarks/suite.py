@@ -201,24 +201,27 @@ class Suite:
             out["read"].append(self.raw_disk_read(f"raw disk read run {r + 1}"))
         return out
 
-    def raw_disk_read(self, what: str) -> float:
-        """One parallel read of the raw-disk files, page cache dropped: GiB/s."""
+    def timed_reads(self, what: str, read_all: Callable[[], list]) -> float:
+        """One parallel read of the checkpoint's files, page cache dropped, every byte
+        verified: GiB/s."""
         self.drop_caches()
-        res = run_parallel("read", [(str(self.work / "raw" / n), MiB) for n in self.names()])
+        res = read_all()
         self.verify_reads(what, res)
         t0, t1, n = span(res)
         self.log(f"{what}: {n / GiB / (t1 - t0):.3f} GiB/s")
         return n / GiB / (t1 - t0)
 
+    def read_files(self, root: Path) -> list:
+        return run_parallel("read", [(str(root / n), MiB) for n in self.names()])
+
+    def raw_disk_read(self, what: str) -> float:
+        return self.timed_reads(what, lambda: self.read_files(self.work / "raw"))
+
     def raw_get(self, what: str) -> float:
-        """One pass of parallel ranged GETs of the raw upload's objects: GiB/s."""
-        assert self.raw_bucket is not None
-        self.drop_caches()
-        res = self.get_all(self.raw_bucket, "ckpt/")
-        self.verify_reads(what, res)
-        t0, t1, n = span(res)
-        self.log(f"{what}: {n / GiB / (t1 - t0):.3f} GiB/s")
-        return n / GiB / (t1 - t0)
+        """Ranged GETs of the raw upload's objects (kept for the paired baselines)."""
+        bucket = self.raw_bucket
+        assert bucket is not None
+        return self.timed_reads(what, lambda: self.get_all(bucket, "ckpt/"))
 
     def raw_s3(self) -> dict[str, Any]:
         """boto3 transfer manager upload of the raw-disk files, then parallel ranged GETs."""
@@ -254,67 +257,96 @@ class Suite:
             out["get"].append(self.raw_get(f"raw ranged GET run {r + 1}"))
         return out
 
-    def checkpoint_runs(self, label: str, make: Callable[[Path, str], Target],
-                        restore: bool) -> dict[str, Any]:
-        """Write + time-to-durable (+ resources) per run; restore cold/warm per run."""
-        out: dict[str, Any] = {"write": [], "durable_s": [], "cpu_per_gib": [], "rss": [],
-                               "cold": [], "warm": [], "warmup": [],
-                               "cold_base": [], "warm_base": []}
-        keep_bucket = None
+    def checkpoint_runs(self, makers: dict[str, tuple[str, Callable[[Path, str], Target]]]
+                        ) -> dict[str, dict[str, Any]]:
+        """Every target's write + time-to-durable runs, the targets' order reversed on every
+        other run (this VM's rates drift within minutes: a fixed order favours whoever
+        goes first), then the restores of lakefs-mount (uring) and the peers, each from
+        the bucket of its own last write."""
+        per_target: dict[str, dict[str, Any]] = {
+            key: {"label": label, "write": [], "durable_s": [], "cpu_per_gib": [], "rss": [],
+                  "cold": [], "warm": [], "warmup": [], "cold_base": [], "warm_base": []}
+            for key, (label, _) in makers.items()}
+        buckets: dict[str, str] = {}
+        keys = list(makers)
         for r in range(self.args.runs):
-            bucket = self.new_bucket("ckpt")
-            target = self.start_target(make(self.work / f"{label}-w{r}", bucket))
+            for key in keys if r % 2 == 0 else keys[::-1]:
+                if "error" in per_target[key]:
+                    continue
+                try:
+                    bucket = self.write_run(key, makers[key][1], r, per_target[key])
+                except Exception as exc:
+                    self._target_failed(per_target[key], exc)
+                    continue
+                if key in buckets:
+                    self.delete_bucket(buckets[key])
+                buckets[key] = bucket
+        for key, (_, make) in makers.items():
+            out = per_target[key]
+            if "error" not in out and (key == "lakefs_uring" or not key.startswith("lakefs")):
+                try:
+                    self.restore_runs(key, make, buckets[key], out)
+                except Exception as exc:
+                    self._target_failed(out, exc)
+            if key in buckets:
+                self.delete_bucket(buckets.pop(key))
+        return per_target
+
+    def _target_failed(self, out: dict[str, Any], exc: Exception) -> None:
+        traceback.print_exc()
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        self.kill_live()
+
+    def write_run(self, label: str, make: Callable[[Path, str], Target], r: int,
+                  out: dict[str, Any]) -> str:
+        """One checkpoint write + time to durable through a fresh mount of a new bucket
+        (+ the daemon's CPU and peak RSS); returns that bucket."""
+        bucket = self.new_bucket("ckpt")
+        target = self.start_target(make(self.work / f"{label}-w{r}", bucket))
+        try:
+            (target.path / "ckpt").mkdir()
+            cpu0 = proc_cpu_seconds(target.pid) if target.pid else None
+            res = run_parallel("write", self.write_args(target.path / "ckpt"))
+            t0, t1, n = span(res)
+            target.durable()
+            durable = time.monotonic() - t0
+            if target.pid:
+                out["cpu_per_gib"].append((proc_cpu_seconds(target.pid) - cpu0) / (n / GiB))
+                out["rss"].append(proc_peak_rss(target.pid) / MiB)
+            out["write"].append(n / GiB / (t1 - t0))
+            out["durable_s"].append(durable)
+            self.log(f"{label} run {r + 1}: write {n / GiB / (t1 - t0):.3f} GiB/s, "
+                     f"durable after {durable:.1f} s (writes took {t1 - t0:.1f} s)")
+        finally:
+            self.stop_target(target)
+        if isinstance(target, LakefsTarget):
+            # what the mount put in S3 is plain objects: verify them with ranged GETs
+            # (peers use their own object format)
+            self.verify_reads(f"{label} run {r + 1} objects in S3",
+                              self.get_all(bucket, "ckpt/"))
+        return bucket
+
+    def restore_runs(self, label: str, make: Callable[[Path, str], Target], bucket: str,
+                     out: dict[str, Any]) -> None:
+        """Cold then warm restore on a fresh mount per run, each paired with its baseline
+        (see PAIRED), then the warm-up command on another fresh mount if it has one."""
+        for r in range(self.args.runs):
+            target = self.start_target(make(self.work / f"{label}-r{r}", bucket))
             try:
-                (target.path / "ckpt").mkdir()
-                cpu0 = proc_cpu_seconds(target.pid) if target.pid else None
-                res = run_parallel("write", self.write_args(target.path / "ckpt"))
-                t0, t1, n = span(res)
-                target.durable()
-                durable = time.monotonic() - t0
+                for phase in ("cold", "warm"):
+                    out[f"{phase}_base"].append(
+                        self.raw_get(f"raw ranged GET before {label} cold run {r + 1}")
+                        if phase == "cold" else
+                        self.raw_disk_read(f"raw disk read before {label} warm run {r + 1}"))
+                    out[phase].append(self.timed_reads(
+                        f"{label} {phase} restore run {r + 1}",
+                        lambda t=target: self.read_files(t.path / "ckpt")))
                 if target.pid:
-                    out["cpu_per_gib"].append((proc_cpu_seconds(target.pid) - cpu0) / (n / GiB))
                     out["rss"].append(proc_peak_rss(target.pid) / MiB)
-                out["write"].append(n / GiB / (t1 - t0))
-                out["durable_s"].append(durable)
-                self.log(f"{label} run {r + 1}: write {n / GiB / (t1 - t0):.3f} GiB/s, "
-                         f"durable after {durable:.1f} s (writes took {t1 - t0:.1f} s)")
             finally:
                 self.stop_target(target)
-            if isinstance(target, LakefsTarget) or r == self.args.runs - 1:
-                # what the mount put in S3 is plain objects: verify them with ranged GETs
-                # (for lakefs-mount every run; peers use their own object format)
-                if isinstance(target, LakefsTarget):
-                    self.verify_reads(f"{label} run {r + 1} objects in S3",
-                                      self.get_all(bucket, "ckpt/"))
-            if keep_bucket:
-                self.delete_bucket(keep_bucket)
-            keep_bucket = bucket
-        if restore:
-            for r in range(self.args.runs):
-                target = self.start_target(make(self.work / f"{label}-r{r}", keep_bucket))
-                try:
-                    for phase in ("cold", "warm"):
-                        # the baseline of this very read, just before it (see PAIRED)
-                        out[f"{phase}_base"].append(
-                            self.raw_get(f"raw ranged GET before {label} cold run {r + 1}")
-                            if phase == "cold" else
-                            self.raw_disk_read(f"raw disk read before {label} warm run {r + 1}"))
-                        self.drop_caches()
-                        res = run_parallel("read", [(str(target.path / "ckpt" / n), MiB)
-                                                    for n in self.names()])
-                        self.verify_reads(f"{label} {phase} restore", res)
-                        t0, t1, n = span(res)
-                        out[phase].append(n / GiB / (t1 - t0))
-                        self.log(f"{label} {phase} restore run {r + 1}: "
-                                 f"{n / GiB / (t1 - t0):.3f} GiB/s")
-                    if target.pid:
-                        out["rss"].append(proc_peak_rss(target.pid) / MiB)
-                finally:
-                    self.stop_target(target)
-                if target.warms_up:
-                    out["warmup"].append(self.warmup_run(label, make, keep_bucket, r))
-        self.delete_bucket(keep_bucket)
-        return out
+            if target.warms_up:
+                out["warmup"].append(self.warmup_run(label, make, bucket, r))
 
     def warmup_run(self, label: str, make: Callable[[Path, str], Target], bucket: str,
                    r: int) -> float:
@@ -685,17 +717,7 @@ class Suite:
         s3 = self.raw_s3()
         ideal_s = max(sorted(raw["write_s"])[len(raw["write_s"]) // 2],
                       sorted(s3["upload_s"])[len(s3["upload_s"]) // 2])
-        per_target: dict[str, dict[str, Any]] = {}
-        makers = self.makers()
-        for key, (label, make) in makers.items():
-            try:
-                per_target[key] = self.checkpoint_runs(
-                    key, make, restore=key == "lakefs_uring" or not key.startswith("lakefs"))
-                per_target[key]["label"] = label
-            except Exception as exc:
-                traceback.print_exc()
-                per_target[key] = {"label": label, "error": f"{type(exc).__name__}: {exc}"}
-                self.kill_live()
+        per_target = self.checkpoint_runs(self.makers())
         if self.raw_bucket:
             self.delete_bucket(self.raw_bucket)
         ok = {k: v for k, v in per_target.items() if "error" not in v}
