@@ -276,7 +276,7 @@ class Suite:
                 try:
                     bucket = self.write_run(key, makers[key][1], r, per_target[key])
                 except Exception as exc:
-                    self._target_failed(per_target[key], exc)
+                    per_target[key]["error"] = self._failed(exc)
                     continue
                 if key in buckets:
                     self.delete_bucket(buckets[key])
@@ -287,15 +287,17 @@ class Suite:
                 try:
                     self.restore_runs(key, make, buckets[key], out)
                 except Exception as exc:
-                    self._target_failed(out, exc)
+                    out["error"] = self._failed(exc)
             if key in buckets:
                 self.delete_bucket(buckets.pop(key))
         return per_target
 
-    def _target_failed(self, out: dict[str, Any], exc: Exception) -> None:
+    def _failed(self, exc: Exception) -> str:
+        """A target or workload crashed: its traceback to stderr, every mount it left
+        killed; the error text to record in its place."""
         traceback.print_exc()
-        out["error"] = f"{type(exc).__name__}: {exc}"
         self.kill_live()
+        return f"{type(exc).__name__}: {exc}"
 
     def write_run(self, label: str, make: Callable[[Path, str], Target], r: int,
                   out: dict[str, Any]) -> str:
@@ -581,9 +583,7 @@ class Suite:
                                                             pool).items():
                             out[key][phase].append(v)
                     except Exception as exc:
-                        traceback.print_exc()
-                        self.read_errors[key] = f"{type(exc).__name__}: {exc}"
-                        self.kill_live()
+                        self.read_errors[key] = self._failed(exc)
             finally:
                 self.delete_bucket(bucket)
         return out
@@ -705,10 +705,7 @@ class Suite:
         try:
             self.workloads[key] = {"title": title, "points": fn(), "errors": errors}
         except Exception as exc:
-            traceback.print_exc()
-            self.workloads[key] = {"title": title, "points": {},
-                                   "error": f"{type(exc).__name__}: {exc}"}
-            self.kill_live()
+            self.workloads[key] = {"title": title, "points": {}, "error": self._failed(exc)}
 
     def _workloads(self) -> None:
         a = self.args
@@ -797,9 +794,7 @@ class Suite:
             try:
                 v = self.small_files(key, make)
             except Exception as exc:
-                traceback.print_exc()
-                self.small_errors[key] = f"{type(exc).__name__}: {exc}"
-                self.kill_live()
+                self.small_errors[key] = self._failed(exc)
                 continue
             pts[key] = P(v["files_s"], "files/s", label=f"{label} durable",
                          baseline="raw_put")
