@@ -130,6 +130,9 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
               help="fsync(): durable on local disk, or committed in S3.")
 @click.option("--io-engine", type=click.Choice(["auto", "uring", "threads"]), default="auto",
               show_default=True, help="Cache-file I/O engine.")
+@click.option("--fuse-session", type=click.Choice(["auto", "native", "pyfuse3"]), default="auto",
+              show_default=True, help="FUSE session: native (/dev/fuse, kernel passthrough, "
+              "root only) or pyfuse3 (libfuse); auto takes native where it can start.")
 @click.option("--metadata-ttl", type=click.FloatRange(min=0), default=5.0, show_default=True,
               metavar="SECONDS", help="How long listings and attributes are cached.")
 @click.option("--commit-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
@@ -215,7 +218,8 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         cache_size=opts["cache_size"], max_dirty=opts["max_dirty"], part_size=part_size,
         upload_concurrency=opts["upload_concurrency"], allow_other=opts["allow_other"],
         read_only=opts["read_only"], fsync_mode=opts["fsync_mode"],
-        io_engine=opts["io_engine"], metadata_ttl=opts["metadata_ttl"],
+        io_engine=opts["io_engine"], fuse_session=opts["fuse_session"],
+        metadata_ttl=opts["metadata_ttl"],
         commit_delay=opts["commit_delay"],
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
         log_file=log_file,
@@ -464,6 +468,8 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("endpoint", "endpoint", str),
     ("pid", "daemon pid", str),
     ("io_engine", "io engine", str),
+    ("fuse_session", "FUSE session", str),
+    ("passthrough", "passthrough", str),
     ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
     ("max_dirty", "max dirty", human_bytes),

@@ -63,6 +63,7 @@ class MountConfig:
     read_only: bool = False
     fsync_mode: str = "local"  # "local" | "remote"
     io_engine: str = "auto"  # "auto" | "uring" | "threads"
+    fuse_session: str = "auto"  # "auto" | "native" | "pyfuse3"
     metadata_ttl: float = 5.0
     commit_delay: float = 1.0  # seconds a closed file waits before its commit starts
     read_ahead: int = 4  # chunks

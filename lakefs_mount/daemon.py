@@ -18,7 +18,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import pyfuse3
 import trio
 
 from lakefs_mount import metrics as m
@@ -32,7 +31,8 @@ from lakefs_mount.config import MountConfig, control_socket_path, default_embedd
 from lakefs_mount.control import serve_control
 from lakefs_mount.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.fs import FileSystem, FSError
-from lakefs_mount.fuse_ops import FuseOperations
+from lakefs_mount.fuse_ops import Pyfuse3Session
+from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
 from lakefs_mount.layout import PartMap
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
@@ -53,10 +53,6 @@ KERNEL_READ_AHEAD_KIB = 1024  # = the largest FUSE request (see set_kernel_reada
 CACHE_FDS_MIN = 16
 CACHE_FDS_MAX = 4096
 FDS_RESERVED = 256
-# pyfuse3 keeps at least this many request tasks parked between requests. With its
-# default, 1, concurrent requests made it end and start a trio task over and over: 1,172
-# of each for 1,000 small files created by 4 writers (4 starts with 16).
-FUSE_IDLE_TASKS = 16
 EMBEDDED_STOP_GRACE = 5.0  # seconds weed gets to exit on SIGTERM before SIGKILL
 # Writing the attribute indexes at a flush or an unmount: they only save HEADs, so an S3
 # that does not take them within this time does not hold the caller up.
@@ -169,19 +165,20 @@ class Daemon:
                     self.ns.attach_path(cf.key[len(config.prefix):], cf)
                     self.flusher.request_commit(cf)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
-                self._fuse_init()
+                self.session = session = await self._open_session()
                 try:
                     await nursery.start(serve_control, socket_path, self)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._tune_kernel)
-                    log.info("mounted s3://%s/%s at %s (io engine: %s)", config.bucket,
-                             config.prefix, config.mountpoint, engine.name)
-                    if not self.splice_writes:
+                    log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
+                             config.bucket, config.prefix, config.mountpoint, engine.name,
+                             session.name)
+                    if session.name == "pyfuse3" and not self.splice_writes:
                         log.info("%s", splice_advice())
                     report_ready(None)
-                    await pyfuse3.main(min_tasks=FUSE_IDLE_TASKS)
+                    await session.serve()
                 finally:
-                    pyfuse3.close(unmount=self.terminated)
+                    session.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
                 await self._final_flush()
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
@@ -189,14 +186,25 @@ class Daemon:
                 await self.journal.write_notes()
                 nursery.cancel_scope.cancel()
 
-    def _fuse_init(self) -> None:
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=lakefs-mount", "subtype=lakefs"}
-        if self.config.allow_other:
-            options.add("allow_other")
-        if self.config.read_only:
-            options.add("ro")
-        pyfuse3.init(FuseOperations(self.fs), str(self.config.mountpoint), options)
+    async def _open_session(self) -> NativeSession | Pyfuse3Session:
+        """Mount with the session asked for; `auto` takes the native one where it can
+        start (root, a working /dev/fuse) and says why not otherwise."""
+        config = self.config
+        if config.fuse_session != "pyfuse3":
+            native = NativeSession(KernelOps(self.fs), config.mountpoint,
+                                   allow_other=config.allow_other, read_only=config.read_only,
+                                   probe_dir=self.cache.data_dir)
+            try:
+                await native.mount()
+                return native
+            except DeviceError as exc:
+                if config.fuse_session == "native":
+                    raise StartupError(f"native FUSE session: {exc}") from None
+                log.info("FUSE session: pyfuse3, as the native session cannot start: %s", exc)
+        session = Pyfuse3Session(self.fs, str(config.mountpoint),
+                                 allow_other=config.allow_other, read_only=config.read_only)
+        await session.mount()
+        return session
 
     async def _tune_kernel(self) -> None:
         """Raise the kernel read-ahead once the kernel has our INIT reply (which would
@@ -228,7 +236,7 @@ class Daemon:
             async for signum in signals:
                 log.info("signal %d: unmounting", signum)
                 self.terminated = True
-                pyfuse3.terminate()
+                self.session.terminate()
 
     # -- control socket -----------------------------------------------------------------
 
@@ -243,6 +251,9 @@ class Daemon:
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started, 1),
             "io_engine": self.engine_name,
+            "fuse_session": self.session.name,
+            "passthrough": "on" if self.session.passthrough
+            else f"off ({self.session.passthrough_reason})",
             "splice_writes": self.splice_writes,
             "dirty_bytes": cache.dirty_bytes,
             "max_dirty": cache.max_dirty,

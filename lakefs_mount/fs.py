@@ -38,12 +38,27 @@ log = logging.getLogger(__name__)
 
 RENAME_NOREPLACE = 1
 BLOCK_SIZE = 4096
+ATTR_TIMEOUT = 1.0  # seconds the kernel may cache names and attributes
+BLKSIZE = 128 * 1024  # st_blksize: the I/O size programs should prefer
 
 
 class FSError(Exception):
     def __init__(self, err: int, message: str = "") -> None:
         super().__init__(message or os.strerror(err))
         self.errno = err
+
+
+def errno_of(exc: Exception, what: str) -> int:
+    """The errno a failed operation answers the kernel with, for either FUSE session.
+    A failure of the cache disk (ENOSPC, ...) tells the caller why; anything unexpected
+    is logged with its traceback and becomes EIO."""
+    if isinstance(exc, FSError):
+        return exc.errno
+    if isinstance(exc, OSError):
+        log.error("%s failed: %s", what, exc)
+        return exc.errno or errno.EIO
+    log.error("internal error in %s", what, exc_info=exc)
+    return errno.EIO
 
 
 @dataclass(frozen=True)

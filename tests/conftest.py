@@ -114,8 +114,15 @@ def io_engine(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def fuse_session(request: pytest.FixtureRequest) -> str:
+    """The daemon's --fuse-session; a module runs under both sessions with
+    `pytestmark = pytest.mark.parametrize("fuse_session", SESSIONS, indirect=True)`."""
+    return getattr(request, "param", "auto")
+
+
+@pytest.fixture
 def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
-                  io_engine: str) -> Iterator:
+                  io_engine: str, fuse_session: str) -> Iterator:
     """Make (and always clean up) mounts of this test's bucket: `mount_factory(options...)`."""
     made: list[Mount] = []
 
@@ -123,6 +130,8 @@ def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
              endpoint_url: str | None = None) -> Mount:
         if io_engine != "auto":
             options = ("--io-engine", io_engine, *options)
+        if fuse_session != "auto":
+            options = ("--fuse-session", fuse_session, *options)
         m = Mount(tmp_path / name, bucket, endpoint_url or s3_server.endpoint_url,
                   prefix=prefix, options=options)
         made.append(m)

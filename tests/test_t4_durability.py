@@ -9,7 +9,10 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 MiB = 1024 * 1024
+pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
 
 
 def _write_fsync(path, data: bytes) -> None:

@@ -28,15 +28,17 @@ AT_FDCWD = -100
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-@pytest.fixture(scope="module", params=["uring", "threads"])
+@pytest.fixture(scope="module", params=[("native", "uring"), ("native", "threads"),
+                                        ("pyfuse3", "uring")], ids="-".join)
 def shared(s3_server, tmp_path_factory, request) -> Iterator[tuple[Mount, S3ObjectStore]]:
-    """One mount per I/O engine for the whole module (a mount start costs seconds); tests
-    use their own directories. Every test below runs once with each engine."""
+    """One mount per FUSE session and I/O engine for the whole module (a mount start costs
+    seconds); tests use their own directories. Every test below runs once with each pair."""
+    session, engine = request.param
     name = f"t4-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(name)
     m = Mount(tmp_path_factory.mktemp("t4shared"), name, s3_server.endpoint_url,
               options=("--metadata-ttl", "0.5", "--part-size", "8M",
-                       "--io-engine", request.param))
+                       "--io-engine", engine, "--fuse-session", session))
     try:
         m.start()
         yield m, S3ObjectStore(name, endpoint_url=s3_server.endpoint_url, region="us-east-1")

@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "semantics.md"
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4
@@ -331,6 +333,7 @@ def test_every_probe_has_a_row_and_every_row_a_probe():
         assert result == "ok" or isinstance(getattr(errno, result, None), int), result
 
 
+@pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
 def test_errno_table_of_semantics_doc_matches_the_mount(mount):
     wrong = []
     for name, documented in documented_rows():

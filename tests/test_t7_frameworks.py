@@ -133,6 +133,8 @@ import torch  # noqa: E402  (installed by packaging/setup.sh: the `frameworks` e
 
 from lakefs_mount.dirindex import RESERVED_NAME  # noqa: E402
 
+pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
+
 
 def _dcp_save(directory: Path, store: Path, *, mib_per_rank: int, seed: int = 0,
               async_dir: Path | None = None, reference: Path | None = None,

@@ -1,0 +1,84 @@
+"""/dev/fuse and the kernel calls around it: mount(2), umount2(2), backing-file ioctls."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import stat
+import struct
+from pathlib import Path
+
+DEVICE = "/dev/fuse"
+MAX_PAGES_LIMIT = Path("/proc/sys/fs/fuse/max_pages_limit")
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+# _IOC(dir, 229, nr, size) as in the kernel's fuse.h
+BACKING_OPEN = 0x4010E501  # _IOW(229, 1, struct fuse_backing_map)
+BACKING_CLOSE = 0x4004E502  # _IOW(229, 2, uint32_t)
+BACKING_MAP = struct.Struct("<iIQ")  # fd flags padding
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+class DeviceError(Exception):
+    """The native session cannot start here; `str()` says why."""
+
+
+def open_device() -> int:
+    """A non-blocking descriptor of a new FUSE connection, not yet mounted."""
+    try:
+        return os.open(DEVICE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise DeviceError(f"cannot open {DEVICE}: {exc.strerror}") from None
+
+
+def mount(fd: int, mountpoint: Path, *, fsname: str, subtype: str, allow_other: bool,
+          read_only: bool) -> None:
+    """Mount the connection `fd` at `mountpoint` with mount(2): root only (CAP_SYS_ADMIN).
+    The kernel checks permissions itself (default_permissions), as the pyfuse3 session."""
+    root_mode = stat.S_IFMT(os.stat(mountpoint).st_mode)
+    options = (f"fd={fd},rootmode={root_mode:o},user_id={os.getuid()},"
+               f"group_id={os.getgid()},default_permissions")
+    if allow_other:
+        options += ",allow_other"
+    flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
+    if _libc.mount(fsname.encode(), os.fsencode(mountpoint), f"fuse.{subtype}".encode(), flags,
+                   options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise DeviceError(f"mount(2) of {mountpoint} failed: {os.strerror(err)}"
+                          + (" (the native session mounts as root only)"
+                             if err == errno.EPERM else ""))
+
+
+def unmount(mountpoint: Path) -> None:
+    """Detach the mount, as `fusermount3 -uz` does; a mount already gone is no error."""
+    if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):
+            raise OSError(err, f"umount2 {mountpoint}: {os.strerror(err)}")
+
+
+def max_pages_limit(default: int = 256) -> int:
+    """The largest request size in pages that the kernel allows (fs.fuse.max_pages_limit)."""
+    try:
+        return int(MAX_PAGES_LIMIT.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def backing_open(devfd: int, fd: int) -> int:
+    """Register `fd` as a backing file of this connection; returns its id (> 0)."""
+    arg = bytearray(BACKING_MAP.pack(fd, 0, 0))
+    return fcntl.ioctl(devfd, BACKING_OPEN, arg, True)
+
+
+def backing_close(devfd: int, backing_id: int) -> None:
+    fcntl.ioctl(devfd, BACKING_CLOSE, bytearray(struct.pack("<I", backing_id)), True)

@@ -1,0 +1,248 @@
+"""Kernel requests -> `FileSystem` calls -> reply payloads: the native session's adapter,
+with the same errno table as the pyfuse3 adapter (docs/semantics.md)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem, errno_of
+from lakefs_mount.kernel import wire
+
+if TYPE_CHECKING:
+    from lakefs_mount.kernel.session import NativeSession, Request
+
+# A reply: an errno (0 = success without data), a payload, or payload pieces.
+Reply = int | bytes | memoryview | list[bytes | memoryview]
+Handler = Callable[["Request"], Awaitable[Reply]]
+
+_VALID_S, _VALID_NS = wire.split_valid(ATTR_TIMEOUT)
+
+
+def pack_attr(a: Attr) -> bytes:
+    return wire.pack_attr(a.ino, a.size, a.blocks, a.mtime_ns, a.ctime_ns, a.mode, a.nlink,
+                          a.uid, a.gid, 0, BLKSIZE)
+
+
+def entry_out(a: Attr) -> bytes:
+    return wire.ENTRY_OUT_HEAD.pack(a.ino, 0, _VALID_S, _VALID_S, _VALID_NS,
+                                    _VALID_NS) + pack_attr(a)
+
+
+def _name(raw: bytes) -> str:
+    return os.fsdecode(raw)
+
+
+class KernelOps:
+    """Serves each opcode from the `FileSystem` core; the session owns the wire."""
+
+    def __init__(self, fs: FileSystem) -> None:
+        self.fs = fs
+        self.session: NativeSession | None = None
+        self._handlers: dict[int, Handler] = {
+            wire.Op.LOOKUP: self.lookup, wire.Op.FORGET: self.forget,
+            wire.Op.BATCH_FORGET: self.batch_forget, wire.Op.GETATTR: self.getattr,
+            wire.Op.SETATTR: self.setattr, wire.Op.READLINK: self.readlink,
+            wire.Op.SYMLINK: self.symlink, wire.Op.MKNOD: self.mknod,
+            wire.Op.MKDIR: self.mkdir, wire.Op.UNLINK: self.unlink, wire.Op.RMDIR: self.rmdir,
+            wire.Op.RENAME: self.rename, wire.Op.RENAME2: self.rename,
+            wire.Op.LINK: self.link, wire.Op.OPEN: self.open, wire.Op.CREATE: self.create,
+            wire.Op.READ: self.read, wire.Op.WRITE: self.write, wire.Op.FLUSH: self.flush,
+            wire.Op.RELEASE: self.release, wire.Op.FSYNC: self.fsync,
+            wire.Op.OPENDIR: self.opendir, wire.Op.READDIR: self.readdir,
+            wire.Op.READDIRPLUS: self.readdir, wire.Op.RELEASEDIR: self.releasedir,
+            wire.Op.FSYNCDIR: self.nothing, wire.Op.STATFS: self.statfs,
+            wire.Op.INTERRUPT: self.nothing, wire.Op.DESTROY: self.nothing,
+        }
+
+    def attach(self, session: NativeSession) -> None:
+        self.session = session
+
+    def detach(self) -> None:
+        self.session = None
+
+    async def dispatch(self, req: Request) -> Reply:
+        handler = self._handlers.get(req.opcode)
+        if handler is None:
+            return errno.ENOSYS
+        try:
+            return await handler(req)
+        except Exception as exc:
+            return errno_of(exc, _op_name(req.opcode))
+
+    # -- names and attributes ---------------------------------------------------------
+
+    async def lookup(self, req: Request) -> Reply:
+        (name,) = wire.names(req.arg, 1)
+        return entry_out(await self.fs.lookup(req.nodeid, _name(name)))
+
+    async def forget(self, req: Request) -> Reply:
+        (count,) = wire.U64.unpack_from(req.arg)
+        self.fs.forget(req.nodeid, count)
+        return 0
+
+    async def batch_forget(self, req: Request) -> Reply:
+        (count,) = wire.U32.unpack_from(req.arg)
+        for i in range(count):
+            ino, n = wire.FORGET_ONE.unpack_from(req.arg, 8 + i * wire.FORGET_ONE.size)
+            self.fs.forget(ino, n)
+        return 0
+
+    async def getattr(self, req: Request) -> Reply:
+        return self._attr_out(await self.fs.getattr(req.nodeid))
+
+    def _attr_out(self, a: Attr) -> bytes:
+        return wire.ATTR_OUT_HEAD.pack(_VALID_S, _VALID_NS, 0) + pack_attr(a)
+
+    async def setattr(self, req: Request) -> Reply:
+        (valid, _, _fh, size, _, _atime, mtime, _, _, mtime_ns, _, mode, _, uid, gid,
+         _) = wire.SETATTR_IN.unpack_from(req.arg)
+        new_mtime = None
+        if valid & wire.FATTR_MTIME_NOW:
+            new_mtime = time.time_ns()
+        elif valid & wire.FATTR_MTIME:
+            new_mtime = mtime * 1_000_000_000 + mtime_ns
+        attr = await self.fs.setattr(
+            req.nodeid,
+            size=size if valid & wire.FATTR_SIZE else None,
+            mode=mode if valid & wire.FATTR_MODE else None,
+            uid=uid if valid & wire.FATTR_UID else None,
+            gid=gid if valid & wire.FATTR_GID else None,
+            mtime_ns=new_mtime)
+        return self._attr_out(attr)
+
+    async def readlink(self, req: Request) -> Reply:
+        return os.fsencode(await self.fs.readlink(req.nodeid))
+
+    async def symlink(self, req: Request) -> Reply:
+        name, target = wire.names(req.arg, 2)
+        return entry_out(await self.fs.symlink(req.nodeid, _name(name), os.fsdecode(target),
+                                               req.uid, req.gid))
+
+    async def mknod(self, req: Request) -> Reply:
+        return errno.EPERM
+
+    async def mkdir(self, req: Request) -> Reply:
+        mode, _umask = wire.MKDIR_IN.unpack_from(req.arg)
+        (name,) = wire.names(req.arg[wire.MKDIR_IN.size:], 1)
+        return entry_out(await self.fs.mkdir(req.nodeid, _name(name), mode, req.uid, req.gid))
+
+    async def unlink(self, req: Request) -> Reply:
+        (name,) = wire.names(req.arg, 1)
+        await self.fs.unlink(req.nodeid, _name(name))
+        return 0
+
+    async def rmdir(self, req: Request) -> Reply:
+        (name,) = wire.names(req.arg, 1)
+        await self.fs.rmdir(req.nodeid, _name(name))
+        return 0
+
+    async def rename(self, req: Request) -> Reply:
+        if req.opcode == wire.Op.RENAME2:
+            newdir, flags, _ = wire.RENAME2_IN.unpack_from(req.arg)
+            rest = req.arg[wire.RENAME2_IN.size:]
+        else:
+            (newdir,), flags = wire.U64.unpack_from(req.arg), 0
+            rest = req.arg[wire.U64.size:]
+        old, new = wire.names(rest, 2)
+        await self.fs.rename(req.nodeid, _name(old), newdir, _name(new), flags)
+        return 0
+
+    async def link(self, req: Request) -> Reply:
+        (ino,) = wire.U64.unpack_from(req.arg)
+        (name,) = wire.names(req.arg[wire.U64.size:], 1)
+        return entry_out(await self.fs.link(ino, req.nodeid, _name(name)))
+
+    # -- files ------------------------------------------------------------------------
+
+    async def open(self, req: Request) -> Reply:
+        flags, _ = wire.OPEN_IN.unpack_from(req.arg)
+        fh = await self.fs.open(req.nodeid, flags)
+        data = await self.fs.page_cache_fill(fh)
+        if data is not None and self.session is not None:
+            # the kernel keeps these pages: the reply below says keep_cache
+            self.session.notify(wire.Notify.STORE, [
+                wire.NOTIFY_STORE.pack(req.nodeid, 0, len(data), 0), data])
+            self.fs.page_cache_filled(fh)
+        keep = wire.FOPEN_KEEP_CACHE if self.fs.keep_cache(fh) else 0
+        return wire.OPEN_OUT.pack(fh, keep, 0)
+
+    async def create(self, req: Request) -> Reply:
+        flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(req.arg)
+        (name,) = wire.names(req.arg[wire.CREATE_IN.size:], 1)
+        fh, attr = await self.fs.create(req.nodeid, _name(name), mode, flags, req.uid, req.gid)
+        return [entry_out(attr), wire.OPEN_OUT.pack(fh, 0, 0)]
+
+    async def read(self, req: Request) -> Reply:
+        fh, offset, size, _ = wire.READ_IN.unpack_from(req.arg)
+        return await self.fs.read(fh, offset, size)
+
+    async def write(self, req: Request) -> Reply:
+        fh, offset, size, *_ = wire.WRITE_IN.unpack_from(req.arg)
+        assert req.data is not None
+        written = await self.fs.write(fh, offset, req.data[:size])
+        return wire.WRITE_OUT.pack(written, 0)
+
+    async def flush(self, req: Request) -> Reply:
+        """Nothing to do at close (the commit follows RELEASE): ENOSYS tells the kernel to
+        stop sending FLUSH, which saves every close() a round trip to the daemon."""
+        return errno.ENOSYS
+
+    async def release(self, req: Request) -> Reply:
+        fh, _, _ = wire.RELEASE_IN.unpack_from(req.arg)
+        await self.fs.release(fh)
+        return 0
+
+    async def fsync(self, req: Request) -> Reply:
+        fh, flags, _ = wire.FSYNC_IN.unpack_from(req.arg)
+        await self.fs.fsync(fh, bool(flags & wire.FSYNC_FDATASYNC))
+        return 0
+
+    # -- directories ------------------------------------------------------------------
+
+    async def opendir(self, req: Request) -> Reply:
+        return wire.OPEN_OUT.pack(await self.fs.opendir(req.nodeid), 0, 0)
+
+    async def readdir(self, req: Request) -> Reply:
+        fh, offset, size, _ = wire.READ_IN.unpack_from(req.arg)
+        plus = req.opcode == wire.Op.READDIRPLUS
+        out: list[bytes] = []
+        used = 0
+        for name, attr, next_id in self.fs.readdir(fh, offset):
+            raw = os.fsencode(name)
+            need = wire.dirent_size(raw, plus)
+            if used + need > size:
+                break
+            dirent = wire.DIRENT_HEAD.pack(attr.ino, next_id, len(raw),
+                                           stat.S_IFMT(attr.mode) >> 12) + raw
+            pad = b"\0" * (-len(dirent) % 8)
+            out.append((entry_out(attr) if plus else b"") + dirent + pad)
+            used += need
+            if plus:
+                self.fs.note_lookup(attr.ino)
+        return b"".join(out)
+
+    async def releasedir(self, req: Request) -> Reply:
+        fh, _, _ = wire.RELEASE_IN.unpack_from(req.arg)
+        self.fs.releasedir(fh)
+        return 0
+
+    async def statfs(self, req: Request) -> Reply:
+        info = self.fs.statfs()
+        return wire.STATFS_OUT.pack(info["blocks"], info["bfree"], info["bfree"],
+                                    info["files"], info["ffree"], info["bsize"],
+                                    info["namemax"], info["bsize"], 0)
+
+    async def nothing(self, req: Request) -> Reply:
+        return 0
+
+
+def _op_name(opcode: int) -> str:
+    try:
+        return wire.Op(opcode).name.lower()
+    except ValueError:
+        return f"opcode {opcode}"

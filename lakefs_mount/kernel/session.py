@@ -1,0 +1,237 @@
+"""The native FUSE session: reads kernel requests from /dev/fuse in the trio loop, hands
+each to `KernelOps` in a task of its own, and writes the replies.
+
+Why not libfuse: Debian's libfuse 3.14 (and pyfuse3 over it) can negotiate neither
+passthrough nor requests over 128 KiB pages of its own buffer; the kernel (6.9+) can do
+both, and the protocol is a few structs (`wire.py`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from lakefs_mount.kernel import device, wire
+from lakefs_mount.kernel.ops import KernelOps, Reply
+
+log = logging.getLogger(__name__)
+
+MAX_PAGES = 256  # 1 MiB requests: the kernel's default fs.fuse.max_pages_limit
+HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
+KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
+# Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
+# kernel turns into EOPNOTSUPP for the caller or a fallback of its own (lseek, copy).
+NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET, wire.Op.INTERRUPT)
+
+
+@dataclass
+class Request:
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+    arg: bytes | memoryview  # what follows the header (for WRITE: the fuse_write_in)
+    data: memoryview | None = None  # the bytes of a WRITE, page-aligned in its buffer
+
+
+class _Buffers:
+    """Request buffers: an 80-byte head and a page-aligned body, so that the bytes of a
+    WRITE land aligned for O_DIRECT. Only a WRITE keeps its buffer while it is served."""
+
+    def __init__(self, body_size: int) -> None:
+        self.body_size = body_size
+        self._free: list[tuple[bytearray, mmap.mmap]] = []
+
+    def take(self) -> tuple[bytearray, mmap.mmap]:
+        if self._free:
+            return self._free.pop()
+        return bytearray(wire.WRITE_DATA_OFFSET), mmap.mmap(-1, self.body_size)
+
+    def give_back(self, buf: tuple[bytearray, mmap.mmap]) -> None:
+        if len(self._free) < KEEP_BUFFERS:
+            self._free.append(buf)
+
+
+class NativeSession:
+    """One FUSE connection mounted at `mountpoint` and served by `ops`."""
+
+    name = "native"
+
+    def __init__(self, ops: KernelOps, mountpoint: Path, *, allow_other: bool,
+                 read_only: bool, probe_dir: Path) -> None:
+        self.ops = ops
+        self.mountpoint = mountpoint
+        self.allow_other = allow_other
+        self.read_only = read_only
+        self.probe_dir = probe_dir
+        self.fd = -1
+        self.max_write = MAX_PAGES * mmap.PAGESIZE
+        self.passthrough = False
+        self.passthrough_reason = "not negotiated yet"
+        self.proto_minor = 0
+        self._buffers = _Buffers(self.max_write + HEADROOM)
+        self._cancel = trio.CancelScope()
+
+    async def mount(self) -> None:
+        """Open a connection and mount it (root only); the kernel's INIT is answered by
+        `serve`. DeviceError says why the native session cannot run here."""
+        self.fd = device.open_device()
+        try:
+            await trio.to_thread.run_sync(lambda: device.mount(
+                self.fd, self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
+                allow_other=self.allow_other, read_only=self.read_only))
+        except BaseException:
+            os.close(self.fd)
+            self.fd = -1
+            raise
+        self.ops.attach(self)
+
+    async def serve(self) -> None:
+        """Serve requests until the mount goes away (or `terminate`)."""
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                try:
+                    await self._read_loop(nursery)
+                finally:
+                    nursery.cancel_scope.cancel()
+
+    def terminate(self) -> None:
+        self._cancel.cancel()
+
+    def close(self, unmount: bool) -> None:
+        if self.fd < 0:
+            return
+        if unmount:
+            try:
+                device.unmount(self.mountpoint)
+            except OSError as exc:
+                log.warning("%s", exc)
+        self.ops.detach()
+        os.close(self.fd)
+        self.fd = -1
+
+    async def _read_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            buf = self._buffers.take()
+            head, body = buf
+            try:
+                n = os.readv(self.fd, [head, body])
+            except BlockingIOError:
+                self._buffers.give_back(buf)
+                await trio.lowlevel.wait_readable(self.fd)
+                continue
+            except OSError as exc:
+                self._buffers.give_back(buf)
+                if exc.errno in (errno.EINTR, errno.ENOENT):  # ENOENT: interrupted meanwhile
+                    continue
+                if exc.errno == errno.ENODEV:  # unmounted: the clean end
+                    return
+                raise
+            req = _parse(head, body, n)
+            if req.data is None:
+                self._buffers.give_back(buf)
+                nursery.start_soon(self._serve_one, req, None)
+            else:
+                nursery.start_soon(self._serve_one, req, buf)
+            await trio.lowlevel.checkpoint()
+
+    async def _serve_one(self, req: Request,
+                         buf: tuple[bytearray, mmap.mmap] | None) -> None:
+        try:
+            if req.opcode == wire.Op.INIT:
+                self._init(req)
+                return
+            reply = await self.ops.dispatch(req)
+        finally:
+            req.data = None
+            if buf is not None:
+                self._buffers.give_back(buf)
+        if req.opcode not in NO_REPLY:
+            self.reply(req.unique, reply)
+
+    def reply(self, unique: int, reply: Reply) -> None:
+        """Send a reply: an int is an errno (0: success with no data), else the payload."""
+        if isinstance(reply, int):
+            self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -reply, unique)])
+            return
+        parts: Sequence[bytes | memoryview] = (reply,) if not isinstance(reply, list) \
+            else reply
+        size = wire.OUT_HEADER.size + sum(len(p) for p in parts)
+        self._write([wire.OUT_HEADER.pack(size, 0, unique), *parts])
+
+    def notify(self, code: wire.Notify, parts: list[bytes | memoryview]) -> None:
+        size = wire.OUT_HEADER.size + sum(len(p) for p in parts)
+        self._write([wire.OUT_HEADER.pack(size, code, 0), *parts])
+
+    def _write(self, parts: list[bytes | memoryview]) -> None:
+        try:
+            os.writev(self.fd, parts)
+        except OSError as exc:
+            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted meanwhile
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
+
+    def _init(self, req: Request) -> None:
+        major, minor, max_readahead, flags, flags2 = wire.INIT_IN.unpack_from(req.arg)
+        offered = flags | (flags2 << 32 if flags & wire.INIT_EXT else 0)
+        if major != wire.KERNEL_MAJOR or minor < 31:
+            log.error("kernel speaks FUSE %d.%d; the native session needs 7.31+", major, minor)
+            self.reply(req.unique, errno.EPROTO)
+            return
+        self.proto_minor = min(minor, wire.KERNEL_MINOR)
+        wanted = (wire.ASYNC_READ | wire.ATOMIC_O_TRUNC | wire.EXPORT_SUPPORT
+                  | wire.BIG_WRITES | wire.AUTO_INVAL_DATA | wire.DO_READDIRPLUS
+                  | wire.ASYNC_DIO | wire.PARALLEL_DIROPS | wire.MAX_PAGES | wire.INIT_EXT
+                  | wire.PASSTHROUGH)
+        granted = wanted & offered
+        if not granted & wire.PASSTHROUGH:
+            self.passthrough_reason = "the kernel does not offer FUSE passthrough"
+        max_pages = min(MAX_PAGES, device.max_pages_limit())
+        self.max_write = max_pages * mmap.PAGESIZE
+        stack_depth = 1 if granted & wire.PASSTHROUGH else 0
+        self.reply(req.unique, [wire.INIT_OUT.pack(
+            wire.KERNEL_MAJOR, self.proto_minor, max_readahead, granted & 0xFFFFFFFF, 0, 0,
+            self.max_write, 1, max_pages, 0, granted >> 32, stack_depth, 0)])
+        if granted & wire.PASSTHROUGH:
+            self._probe_passthrough()
+        log.info("native FUSE session: protocol 7.%d, %d KiB requests, passthrough %s",
+                 self.proto_minor, self.max_write // 1024,
+                 "on" if self.passthrough else f"off ({self.passthrough_reason})")
+
+    def _probe_passthrough(self) -> None:
+        """The kernel may accept the INIT and still refuse every backing file (EPERM
+        without CAP_SYS_ADMIN, or a cache filesystem it cannot stack on): try one."""
+        try:
+            fd = os.open(self.probe_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            self.passthrough_reason = f"no probe file in {self.probe_dir}: {exc.strerror}"
+            return
+        try:
+            backing_id = device.backing_open(self.fd, fd)
+            device.backing_close(self.fd, backing_id)
+            self.passthrough = True
+        except OSError as exc:
+            self.passthrough_reason = f"the kernel refused a backing file: {exc.strerror}"
+        finally:
+            os.close(fd)
+
+
+def _parse(head: bytearray, body: mmap.mmap, n: int) -> Request:
+    length, opcode, unique, nodeid, uid, gid, pid, _, _ = wire.IN_HEADER.unpack_from(head)
+    if opcode == wire.Op.WRITE and n >= wire.WRITE_DATA_OFFSET:
+        return Request(opcode, unique, nodeid, uid, gid, pid,
+                       bytes(head[wire.IN_HEADER.size:]),
+                       memoryview(body)[:n - wire.WRITE_DATA_OFFSET])
+    arg = bytes(head[wire.IN_HEADER.size:min(n, wire.WRITE_DATA_OFFSET)])
+    if n > wire.WRITE_DATA_OFFSET:
+        arg += body[:n - wire.WRITE_DATA_OFFSET]
+    return Request(opcode, unique, nodeid, uid, gid, pid, arg)
