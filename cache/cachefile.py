@@ -79,6 +79,13 @@ class CachedFile:
     page_cache_etag: str | None = None  # version the kernel's page cache holds
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)
     io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
+    # FUSE passthrough (see cache.passthrough): opens the kernel serves from the cache file
+    # itself, those of them that may write, and the cache file's (size, mtime_ns) when the
+    # chunk map last matched it.
+    pt_opens: int = 0
+    pt_writers: int = 0
+    pt_seen: tuple[int, int] | None = None
+    pt_recorded: trio.Event | None = None  # set once the journal knows of the writers
 
     # The locks come into being on first use: a fresh mount lists directories of tens of
     # thousands of files, and two trio.Locks each cost a quarter of a listing's CPU.

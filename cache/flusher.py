@@ -376,6 +376,8 @@ class Flusher:
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
+        if cf.pt_writers:  # the kernel writes it directly: commit what it holds now
+            await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
         meta = self._metadata(cf)
         nchunks = self.parts.chunk_count(size)

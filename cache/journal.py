@@ -15,6 +15,10 @@ files      one row per file whose content or attributes are not yet committed in
   symlink      NULL = regular file; else the link target (body of the object)
   intent_gen   (v3) bumped by every intent (put_file, mark_dirty); a commit drops the row
                only if no intent came after the one it started from
+  passthrough  (v4) 1 = the kernel may be writing the cache file directly (FUSE
+               passthrough), so any byte of it may be dirty whatever `chunks` says;
+               set before such an open is answered, cleared with the chunk rows that
+               bring `chunks` in line with the cache file. A commit keeps a row while set.
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
@@ -66,6 +70,7 @@ class PendingFile:
     upload_key: str | None = None
     symlink: str | None = None
     intent_gen: int = 0  # how many intents the daemon had issued for the file
+    passthrough: int = 0  # 1: the kernel may write the cache file directly
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
@@ -99,8 +104,12 @@ def _migrate_v3(db: sqlite_utils.Database) -> None:
     db["files"].add_column("intent_gen", int, not_null_default=0)
 
 
+def _migrate_v4(db: sqlite_utils.Database) -> None:
+    db["files"].add_column("passthrough", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3]
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
 
 
 @dataclass
@@ -208,8 +217,8 @@ class Journal:
                 " base_size, upload_id, upload_key, symlink) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (fid, rec.key, rec.size, rec.mode, rec.uid, rec.gid, rec.mtime_ns, rec.base_key,
                  rec.base_size, rec.upload_id, rec.upload_key, rec.symlink))
-            self._conn.execute("UPDATE files SET intent_gen=? WHERE fid=?",
-                               (rec.intent_gen, fid))
+            self._conn.execute("UPDATE files SET intent_gen=?, passthrough=? WHERE fid=?",
+                               (rec.intent_gen, rec.passthrough, fid))
             self._conn.executemany(
                 "INSERT OR REPLACE INTO chunks(fid, idx, state, etag) VALUES (?, ?, ?, NULL)",
                 [(fid, i, CHUNK_DIRTY) for i in indices],
@@ -258,8 +267,8 @@ class Journal:
             )
             if not keep_file:
                 row = self._conn.execute(
-                    "SELECT intent_gen FROM files WHERE fid=?", (fid,)).fetchone()
-                if row is None or row[0] <= seen_gen:
+                    "SELECT intent_gen, passthrough FROM files WHERE fid=?", (fid,)).fetchone()
+                if row is None or (row[0] <= seen_gen and not row[1]):
                     self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
                     self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
                     return False

@@ -41,6 +41,7 @@ from lakefs_mount.cache.direct import (
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.partbody import UploadSource
+from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
 from lakefs_mount.objectstore import ObjectInfo
@@ -88,6 +89,7 @@ class CacheManager:
         self._settle_slots = trio.CapacityLimiter(SETTLE_THREADS)
         self._settling = 0
         self.warm = WarmCache(journal, self.budget, parts, self.cache_path)
+        self.passthrough = Passthrough(self)
         # Set by the flusher: called when a full chunk can go up while writing continues.
         self.on_chunk_full: Callable[[CachedFile, int], None] = lambda cf, idx: None
         self.on_pressure: Callable[[], None] = lambda: None
@@ -205,7 +207,8 @@ class CacheManager:
         return PendingFile(intent_gen=cf.intent_gen,
             fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
             mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
-            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink)
+            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink,
+            passthrough=1 if cf.pt_writers else 0)
 
     async def new_file(self, cf: CachedFile) -> None:
         """A file created through the mount: pending until its first commit.
@@ -349,8 +352,9 @@ class CacheManager:
         freed = 0
         for cf, idx in self.budget.victims(nbytes):
             ch = cf.chunks.get(idx)
-            if self.budget.pinned((cf, idx)) or cf.unlinked:
-                continue  # in use, or the only copy left of an unlinked open file
+            if self.budget.pinned((cf, idx)) or cf.unlinked or cf.pt_opens:
+                continue  # in use (by the kernel itself in passthrough), or the only
+                # copy left of an unlinked open file
             if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
                 self.budget.not_clean((cf, idx))
                 continue
@@ -787,6 +791,36 @@ class CacheManager:
         if size > old:
             self._grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
+
+    async def take_over_written(self, cf: CachedFile, size: int) -> None:
+        """The kernel wrote the cache file directly (FUSE passthrough) and it is now `size`
+        bytes long: any chunk of it may have changed, so all of them are dirty, journalled
+        in one transaction (which also records whether passthrough writers remain)."""
+        count = self.parts.chunk_count(size)
+        for idx in [i for i in cf.chunks if i >= count]:
+            self._remove_chunk(cf, idx)
+        cf.size = size
+        indices = list(range(count))
+        await self._ensure_fd(cf)
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), indices)
+        cf.in_journal = True
+        for idx in indices:
+            ch = self._new_chunk(cf, idx)
+            ch.gen += 1  # an upload of it in flight no longer counts
+            ch.direct = False  # in the page cache: read it back buffered
+            if ch.state is not ChunkState.DIRTY:
+                self.set_state(cf, ch, idx, ChunkState.DIRTY)
+        self._grow_held(cf, range(count))
+        cf.version += 1
+        cf.page_cache_etag = None  # the FUSE page cache of the file may be stale
+
+    async def open_cache_file(self, cf: CachedFile) -> int:
+        """A new descriptor of `cf`'s cache file, owned by the caller (the fd table may
+        close its own at any time)."""
+        await self._ensure_fd(cf)
+        assert cf.fid is not None
+        return os.open(self.cache_path(cf.fid), os.O_RDWR | os.O_CLOEXEC)
 
     def set_state(self, cf: CachedFile, ch: Chunk, idx: int, state: ChunkState) -> None:
         """Every chunk state change goes through here, so dirty bytes stay exact."""

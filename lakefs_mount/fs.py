@@ -80,6 +80,7 @@ class Handle:
     writable: bool
     append: bool
     keep_cache: bool = False  # the kernel's page cache of this file is still valid
+    passthrough: bool = False  # the kernel serves it from the cache file (see passthrough)
 
 
 @asynccontextmanager
@@ -109,6 +110,8 @@ class FileSystem:
     # -- attributes -------------------------------------------------------------------
 
     def attr(self, inode: Inode) -> Attr:
+        if inode.file is not None and inode.file.pt_writers:
+            self.cache.passthrough.refresh(inode.file)
         size = inode.size
         mtime = inode.mtime_ns
         return Attr(ino=inode.ino, mode=inode.mode, nlink=2 if inode.is_dir else 1,
@@ -179,6 +182,8 @@ class FileSystem:
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
             raise FSError(errno.EINVAL)
+        if cf.pt_writers:  # the chunk map first learns what the kernel wrote
+            await self.cache.passthrough.sync(cf)
         if size is not None:
             async with s3_errors(f"truncating {cf.key}"):
                 await self.cache.truncate(cf, size)
@@ -529,6 +534,8 @@ class FileSystem:
         fh = self._new_fh()
         self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
         if writable and flags & os.O_TRUNC and cf.size:
+            if cf.pt_writers:
+                await self.cache.passthrough.sync(cf)
             await self.cache.truncate(cf, 0)
             cf.mtime_ns = time.time_ns()
         return fh
@@ -548,6 +555,28 @@ class FileSystem:
         cf.validated_at = time.monotonic()
         if info.etag != cf.base_etag:
             self.ns.apply_metadata(inode, info)  # drops the chunks of the old version
+
+    async def passthrough(self, fh: int) -> int | None:
+        """A new descriptor of the open file's cache file if the kernel may serve this open
+        from it (FUSE passthrough), else None; the caller registers it with the kernel and
+        closes it. Only a session that can do passthrough asks."""
+        handle = self._handle(fh)
+        cf = handle.inode.file
+        if cf is None or handle.inode.kind is not Kind.FILE:
+            return None
+        fd = await self.cache.passthrough.enter(cf, handle.writable,
+                                                cf.openers - 1 - cf.pt_opens)
+        handle.passthrough = fd is not None
+        if fd is not None:
+            self.cache.metrics[m.PASSTHROUGH_OPENS] += 1
+        return fd
+
+    async def end_passthrough(self, fh: int) -> None:
+        """The kernel would not take the cache file: this open goes through the daemon."""
+        handle = self._handle(fh)
+        if handle.passthrough and handle.inode.file is not None:
+            handle.passthrough = False
+            await self.cache.passthrough.leave(handle.inode.file, handle.writable)
 
     def keep_cache(self, fh: int) -> bool:
         return self._handle(fh).keep_cache
@@ -589,6 +618,7 @@ class FileSystem:
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         cf = self._handle(fh).inode.file
         assert cf is not None
+        self.cache.metrics[m.READ_REQUESTS] += 1
         async with s3_errors(f"reading {cf.key}"):
             return await self.cache.read_lent(cf, offset, size)
 
@@ -598,6 +628,7 @@ class FileSystem:
             raise FSError(errno.EBADF)
         cf = handle.inode.file
         assert cf is not None
+        self.cache.metrics[m.WRITE_REQUESTS] += 1
         if handle.append:
             offset = cf.size
         async with s3_errors(f"writing {cf.key}"):
@@ -619,6 +650,8 @@ class FileSystem:
         cf = handle.inode.file
         assert cf is not None
         cf.openers -= 1
+        if handle.passthrough:
+            await self.cache.passthrough.leave(cf, handle.writable)
         if handle.writable:
             cf.writers -= 1
             if cf.writers == 0:

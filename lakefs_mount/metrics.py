@@ -26,6 +26,9 @@ CACHE_FULL_WAITS = "cache_full_waits"  # cache-file writes that hit ENOSPC and m
 INDEX_READS = "index_reads"  # GETs of directories' attribute indexes (see dirindex)
 INDEX_WRITES = "index_writes"  # PUTs of this mount's attribute indexes
 PAGE_CACHE_FILLS = "page_cache_fills"  # small files handed to the kernel with their open
+PASSTHROUGH_OPENS = "passthrough_opens"  # opens the kernel serves from the cache file itself
+READ_REQUESTS = "read_requests"  # FUSE READs the daemon served (none for passthrough opens)
+WRITE_REQUESTS = "write_requests"  # FUSE WRITEs the daemon served
 
 
 class Metrics(Counter[str]):

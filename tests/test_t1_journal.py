@@ -54,6 +54,21 @@ def test_dirty_then_uploaded_then_committed_leaves_nothing(tmp_path):
     assert (warm.etag, warm.size, warm.chunks) == ("new-etag", 5, [0, 1])
 
 
+def test_a_commit_keeps_the_row_of_a_file_the_kernel_may_still_be_writing(tmp_path):
+    """D21: `passthrough = 1` outlives commits until the chunks catch up with the file."""
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    rec.passthrough = 1
+    j.put_file(rec)
+    assert j.finish_commit(rec.fid, [], keep_file=False, base_key="a", base_size=0,
+                           seen_gen=rec.intent_gen)
+    assert j.pending_files()[0].passthrough == 1
+    rec.passthrough = 0  # the last passthrough writer left: every chunk dirty, flag off
+    j.mark_dirty(rec, [0, 1, 2])
+    (left,) = j.pending_files()
+    assert left.passthrough == 0 and set(j.chunks(rec.fid)) == {0, 1, 2}
+
+
 def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = _file(j)
@@ -94,7 +109,7 @@ def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
     j.close()
     again = Journal(tmp_path / "j.db")
     assert len(again.pending_files()) == 1
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 4
 
 
 def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_path):

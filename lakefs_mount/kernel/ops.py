@@ -4,6 +4,7 @@ with the same errno table as the pyfuse3 adapter (docs/semantics.md)."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem, errno_of
-from lakefs_mount.kernel import wire
+from lakefs_mount.kernel import device, wire
 
 if TYPE_CHECKING:
     from lakefs_mount.kernel.session import NativeSession, Request
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 Reply = int | bytes | memoryview | list[bytes | memoryview]
 Handler = Callable[["Request"], Awaitable[Reply]]
 
+log = logging.getLogger(__name__)
 _VALID_S, _VALID_NS = wire.split_valid(ATTR_TIMEOUT)
 
 
@@ -43,6 +45,10 @@ class KernelOps:
     def __init__(self, fs: FileSystem) -> None:
         self.fs = fs
         self.session: NativeSession | None = None
+        # FUSE passthrough: the kernel takes one backing file per inode at a time, so
+        # every open of an inode shares its id: {ino: [backing id, opens]}, {fh: ino}
+        self._backing: dict[int, list[int]] = {}
+        self._backed_fh: dict[int, int] = {}
         self._handlers: dict[int, Handler] = {
             wire.Op.LOOKUP: self.lookup, wire.Op.FORGET: self.forget,
             wire.Op.BATCH_FORGET: self.batch_forget, wire.Op.GETATTR: self.getattr,
@@ -64,6 +70,43 @@ class KernelOps:
 
     def detach(self) -> None:
         self.session = None
+        self._backing.clear()
+        self._backed_fh.clear()
+
+    async def _open_reply(self, ino: int, fh: int) -> bytes | None:
+        """The OPEN reply of a passthrough open, or None if this open goes through us."""
+        session = self.session
+        if session is None or not session.passthrough:
+            return None
+        fd = await self.fs.passthrough(fh)
+        if fd is None:
+            return None
+        try:
+            backing = self._backing.get(ino)
+            if backing is None:
+                # registered before the reply, closed only at the last release: closing
+                # it while the kernel still consumes the reply fails the open
+                backing = self._backing[ino] = [device.backing_open(session.fd, fd), 0]
+        except OSError as exc:  # served by the daemon then, as any other open
+            log.warning("passthrough refused for inode %d: %s", ino, exc)
+            await self.fs.end_passthrough(fh)
+            return None
+        finally:
+            os.close(fd)
+        backing[1] += 1
+        self._backed_fh[fh] = ino
+        return wire.OPEN_OUT.pack(fh, wire.FOPEN_PASSTHROUGH, backing[0])
+
+    def _unback(self, fh: int) -> None:
+        ino = self._backed_fh.pop(fh, None)
+        if ino is None:
+            return
+        backing = self._backing[ino]
+        backing[1] -= 1
+        if backing[1] == 0:
+            del self._backing[ino]
+            if self.session is not None:
+                device.backing_close(self.session.fd, backing[0])
 
     async def dispatch(self, req: Request) -> Reply:
         handler = self._handlers.get(req.opcode)
@@ -162,6 +205,9 @@ class KernelOps:
     async def open(self, req: Request) -> Reply:
         flags, _ = wire.OPEN_IN.unpack_from(req.arg)
         fh = await self.fs.open(req.nodeid, flags)
+        reply = await self._open_reply(req.nodeid, fh)
+        if reply is not None:
+            return reply
         data = await self.fs.page_cache_fill(fh)
         if data is not None and self.session is not None:
             # the kernel keeps these pages: the reply below says keep_cache
@@ -175,7 +221,8 @@ class KernelOps:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(req.arg)
         (name,) = wire.names(req.arg[wire.CREATE_IN.size:], 1)
         fh, attr = await self.fs.create(req.nodeid, _name(name), mode, flags, req.uid, req.gid)
-        return [entry_out(attr), wire.OPEN_OUT.pack(fh, 0, 0)]
+        reply = await self._open_reply(attr.ino, fh)
+        return [entry_out(attr), reply or wire.OPEN_OUT.pack(fh, 0, 0)]
 
     async def read(self, req: Request) -> Reply:
         fh, offset, size, _ = wire.READ_IN.unpack_from(req.arg)
@@ -194,6 +241,7 @@ class KernelOps:
 
     async def release(self, req: Request) -> Reply:
         fh, _, _ = wire.RELEASE_IN.unpack_from(req.arg)
+        self._unback(fh)
         await self.fs.release(fh)
         return 0
 

@@ -1,0 +1,112 @@
+"""Opens the kernel serves from the cache file itself (FUSE passthrough), and how the cache
+learns what a passthrough writer changed.
+
+Which opens: an open of a file whose every byte is in the cache (new, truncated, fully
+cached), when no open of it goes through the daemon; then every further open of the file
+is passthrough too, as the kernel requires, until the last one is released. Writers also
+need room under --max-dirty at open; otherwise they take the daemon path, which waits.
+
+While a file has passthrough writers its chunk map does not say what the cache file holds.
+So the journal row carries `passthrough = 1` from before the first such open is answered
+until `sync` has marked every chunk of the cache file dirty (one transaction); a crash in
+between makes recovery treat the whole cache file as dirty (docs/durability.md, D21). The
+attributes the kernel asks for come from the cache file meanwhile (`refresh`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile
+
+if TYPE_CHECKING:
+    from lakefs_mount.cache.manager import CacheManager
+
+
+class Passthrough:
+    def __init__(self, cache: CacheManager) -> None:
+        self.cache = cache
+
+    async def enter(self, cf: CachedFile, writable: bool, daemon_opens: int) -> int | None:
+        """A new descriptor of the cache file for the kernel to serve this open from, or
+        None when the open must go through the daemon. `daemon_opens`: other opens of the
+        file that go through the daemon."""
+        if cf.pt_opens == 0 and not self._may_start(cf, writable, daemon_opens):
+            return None
+        cf.pt_opens += 1  # counted before any await: a concurrent open must follow suit
+        if writable:
+            cf.pt_writers += 1
+        try:
+            if writable:
+                await self._recorded(cf)
+            return await self.cache.open_cache_file(cf)
+        except BaseException:
+            await self.leave(cf, writable)
+            raise
+
+    def _may_start(self, cf: CachedFile, writable: bool, daemon_opens: int) -> bool:
+        cache = self.cache
+        if daemon_opens or cf.symlink is not None or cf.unlinked or cf.fid is None:
+            return False
+        if not cache.holds(cf, 0, cf.size):
+            return False
+        return not writable or cache.dirty_bytes < cache.max_dirty
+
+    async def _recorded(self, cf: CachedFile) -> None:
+        """The journal knows that the kernel may write the file, before the open is
+        answered; a second writer waits for the first one's record."""
+        if cf.pt_recorded is not None:
+            await cf.pt_recorded.wait()
+            return
+        cf.pt_recorded = recorded = trio.Event()
+        try:
+            cf.pt_seen = self._stat(cf)
+            await self.cache.save_attrs(cf)  # the journal row, with passthrough = 1
+        except BaseException:
+            cf.pt_recorded = None
+            raise
+        finally:
+            recorded.set()
+
+    async def leave(self, cf: CachedFile, writable: bool) -> None:
+        """A passthrough open was released; the last writer's changes become dirty chunks."""
+        cf.pt_opens -= 1
+        if not writable:
+            return
+        cf.pt_writers -= 1
+        if cf.pt_writers == 0:
+            cf.pt_recorded = None
+            await self.sync(cf)
+
+    async def sync(self, cf: CachedFile) -> None:
+        """Bring the chunk map in line with the cache file (before a commit, a truncate,
+        and when the last passthrough writer leaves)."""
+        if cf.unlinked or cf.fid is None:
+            return
+        seen = self._stat(cf)
+        if seen != cf.pt_seen:
+            self._note_written(cf, seen)
+            cf.pt_seen = seen
+            await self.cache.take_over_written(cf, seen[0])
+        elif cf.pt_writers == 0:
+            await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
+
+    def refresh(self, cf: CachedFile) -> None:
+        """Size and mtime as the kernel's writes left them, for the attributes it asks for
+        (a stat of a local file: no I/O, cheap enough for the loop)."""
+        if cf.fid is not None and not cf.unlinked:
+            self._note_written(cf, self._stat(cf))
+
+    @staticmethod
+    def _note_written(cf: CachedFile, seen: tuple[int, int]) -> None:
+        cf.size = seen[0]
+        if cf.pt_seen is None or seen[1] != cf.pt_seen[1]:  # written since: a new mtime
+            cf.mtime_ns = max(cf.mtime_ns, seen[1])
+
+    def _stat(self, cf: CachedFile) -> tuple[int, int]:
+        assert cf.fid is not None
+        st = os.stat(self.cache.cache_path(cf.fid))
+        return st.st_size, st.st_mtime_ns

@@ -1,0 +1,193 @@
+"""FUSE passthrough through the native session: the kernel reads and writes the cache file
+itself, no READ or WRITE request reaches the daemon, and S3 still ends with the bytes the
+application wrote (real mount, real SeaweedFS)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+MiB = 1024 * 1024
+pytestmark = pytest.mark.parametrize("fuse_session", ["native"], indirect=True)
+
+
+def _body(s3, key: str) -> bytes:
+    info = s3.head(key)
+    assert info is not None, f"{key} is not in S3"
+    return s3.get_range(key, 0, info.size) if info.size else b""
+
+
+def _flushed(m) -> None:
+    proc = m.flush()
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture
+def pt(mount_factory):
+    """A native mount with passthrough on, 8 MiB parts."""
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
+    assert m.status()["passthrough"] == "on"
+    return m
+
+
+def test_a_new_file_is_written_by_the_kernel_and_lands_byte_identical_in_s3(pt, s3):
+    data = random.randbytes(40 * MiB + 4321)
+    with open(pt.path / "model.bin", "wb") as f:
+        for i in range(0, len(data), MiB):
+            f.write(data[i:i + MiB])
+    c = pt.counters()
+    assert c["passthrough_opens"] == 1
+    assert c.get("write_requests", 0) == 0  # not one WRITE crossed into the daemon
+    assert os.stat(pt.path / "model.bin").st_size == len(data)
+    _flushed(pt)
+    assert _body(s3, "model.bin") == data
+
+
+def test_random_overwrites_of_streamed_parts_reach_s3(pt, s3):
+    data = bytearray(random.randbytes(33 * MiB))
+    (pt.path / "f").write_bytes(data)
+    _flushed(pt)
+    rnd = random.Random(7)
+    with open(pt.path / "f", "r+b") as f:  # fully cached and clean: passthrough again
+        for _ in range(20):
+            off = rnd.randrange(len(data) - 5000)
+            piece = rnd.randbytes(rnd.randrange(1, 5000))
+            f.seek(off)
+            f.write(piece)
+            data[off:off + len(piece)] = piece
+        f.seek(len(data))
+        f.write(b"tail")
+        data += b"tail"
+    assert pt.counters()["passthrough_opens"] == 2
+    assert pt.counters().get("write_requests", 0) == 0
+    _flushed(pt)
+    assert _body(s3, "f") == bytes(data)
+
+
+def test_truncate_while_open_in_passthrough(pt, s3):
+    with open(pt.path / "t", "wb") as f:
+        f.write(random.randbytes(20 * MiB))
+        f.truncate(9 * MiB + 7)
+        f.seek(0)
+        f.write(b"head")
+        assert os.fstat(f.fileno()).st_size == 9 * MiB + 7
+    expected = (pt.path / "t").read_bytes()
+    assert len(expected) == 9 * MiB + 7 and expected[:4] == b"head"
+    _flushed(pt)
+    assert _body(s3, "t") == expected
+
+
+def test_two_writers_and_a_reader_share_one_passthrough_file(pt, s3):
+    a = open(pt.path / "shared", "w+b")  # noqa: SIM115
+    b = open(pt.path / "shared", "r+b")  # noqa: SIM115
+    a.write(b"A" * MiB)
+    a.flush()
+    b.seek(MiB)
+    b.write(b"B" * MiB)
+    b.flush()
+    reader = open(pt.path / "shared", "rb")  # noqa: SIM115
+    assert reader.read() == b"A" * MiB + b"B" * MiB  # sees both writers at once
+    for f in (a, b, reader):
+        f.close()
+    assert pt.counters()["passthrough_opens"] == 3
+    _flushed(pt)
+    assert _body(s3, "shared") == b"A" * MiB + b"B" * MiB
+
+
+def test_stat_while_writing_shows_the_size_the_kernel_wrote(pt):
+    with open(pt.path / "growing", "wb") as f:
+        f.write(b"x" * 3 * MiB)
+        f.flush()
+        assert os.stat(pt.path / "growing").st_size == 3 * MiB
+        before = os.stat(pt.path / "growing").st_mtime_ns
+        time.sleep(0.05)
+        f.write(b"y")
+        f.flush()
+        st = os.stat(pt.path / "growing")
+        assert st.st_size == 3 * MiB + 1
+        assert st.st_mtime_ns > before
+
+
+def test_shared_mmap_writes_reach_s3(pt, s3):
+    (pt.path / "mm").write_bytes(bytes(2 * MiB))
+    with open(pt.path / "mm", "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        mm[100:105] = b"hello"
+        mm[MiB:MiB + 5] = b"world"
+        mm.flush()
+    _flushed(pt)
+    got = _body(s3, "mm")
+    assert got[100:105] == b"hello" and got[MiB:MiB + 5] == b"world" and len(got) == 2 * MiB
+
+
+def test_a_warm_file_is_read_by_the_kernel_without_requests(mount_factory, s3):
+    data = random.randbytes(12 * MiB)
+    s3.put("warm.bin", data, {})
+    m = mount_factory("--part-size", "8M")
+    assert (m.path / "warm.bin").read_bytes() == data  # cold: GETs, through the daemon
+    before = m.counters()
+    assert before.get("passthrough_opens", 0) == 0 and before["read_requests"] > 0
+    assert (m.path / "warm.bin").read_bytes() == data  # every chunk cached: passthrough
+    after = m.counters()
+    assert after["passthrough_opens"] == 1
+    assert after["read_requests"] == before["read_requests"]
+    assert after["gets"] == before["gets"]
+
+
+def test_kill9_in_the_middle_of_a_passthrough_write_loses_no_written_byte(pt, s3):
+    """D21: the journal says `passthrough` before the open is answered; the next mount
+    takes every byte of the cache file as dirty, also where S3 holds an older version."""
+    data = bytearray(random.randbytes(20 * MiB + 5))
+    (pt.path / "crash.bin").write_bytes(data)
+    _flushed(pt)  # committed: chunks the journal does not name would come from S3
+    patch = random.randbytes(MiB)
+    data[9 * MiB:10 * MiB] = patch
+    data += b"appended"
+    script = (f"import sys,time\nf=open({str(pt.path / 'crash.bin')!r},'r+b')\n"
+              f"f.seek({9 * MiB})\nf.write(sys.stdin.buffer.read({MiB}))\n"
+              f"f.seek({len(data) - 8})\nf.write(b'appended')\nf.flush()\n"
+              "print('written',flush=True)\ntime.sleep(60)\n")
+    writer = subprocess.Popen(["python3", "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        writer.stdin.write(patch)
+        writer.stdin.close()
+        assert writer.stdout.readline().strip() == b"written"
+        pt.kill9()  # the writer still holds the file open
+    finally:
+        writer.kill()
+        writer.wait()
+    pt.start()
+    assert pt.counters()["recovered_files"] == 1
+    _flushed(pt)
+    assert _body(s3, "crash.bin") == bytes(data)
+
+
+def test_eviction_leaves_a_passthrough_file_alone(mount_factory, s3):
+    held = random.randbytes(16 * MiB)
+    s3.put("held.bin", held, {})
+    for i in range(3):
+        s3.put(f"other{i}.bin", random.randbytes(16 * MiB), {})
+    m = mount_factory("--part-size", "8M", "--cache-size", "40M", "--max-dirty", "16M")
+    assert (m.path / "held.bin").read_bytes() == held
+    with open(m.path / "held.bin", "rb") as f:  # cached: passthrough
+        assert m.counters()["passthrough_opens"] == 1
+        for i in range(3):  # 48 MiB more through a 40 MiB cache: evictions
+            (m.path / f"other{i}.bin").read_bytes()
+        assert m.counters()["cache_evictions"] > 0
+        gets = m.counters()["gets"]
+        assert f.read() == held  # from the cache file, whole: no hole was punched
+        assert m.counters()["gets"] == gets
+
+
+def test_status_says_which_session_and_whether_passthrough_is_on(mount_factory):
+    native = mount_factory(name="native")
+    st = native.status()
+    assert st["fuse_session"] == "native" and st["passthrough"] == "on"
+    classic = mount_factory("--fuse-session", "pyfuse3", name="classic")
+    st = classic.status()
+    assert st["fuse_session"] == "pyfuse3" and st["passthrough"].startswith("off (")
