@@ -38,6 +38,7 @@ class Chunk:
     settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
     direct: bool = False  # its bytes (most of them) went to disk with O_DIRECT: read
     # them back that way (correct either way: Linux keeps the two paths coherent)
+    sent_crc: int | None = None  # CRC-32 of what its UPLOADED part holds, where known
 
 
 @dataclass(eq=False)
@@ -86,6 +87,8 @@ class CachedFile:
     pt_writers: int = 0
     pt_seen: tuple[int, int] | None = None
     pt_recorded: trio.Event | None = None  # set once the journal knows of the writers
+    pt_streamed: set[int] = field(default_factory=set)  # chunks handed to the flusher early
+    pt_watched: tuple[int, int] | None = None  # (size, mtime_ns) the watcher saw last
 
     # The locks come into being on first use: a fresh mount lists directories of tens of
     # thousands of files, and two trio.Locks each cost a quarter of a listing's CPU.

@@ -278,7 +278,7 @@ class Flusher:
                 self.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
-                    etag = await self._send_part(cf, key, upload_id, idx, start, end)
+                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
                 finally:
                     self.in_flight -= 1
         except BaseException:
@@ -292,7 +292,7 @@ class Flusher:
         if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
                 and current):
             self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
-            ch.etag, ch.length = str(etag), end - start
+            ch.etag, ch.length, ch.sent_crc = str(etag), end - start, crc
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
         elif ch.state is ChunkState.UPLOADING:
@@ -301,16 +301,19 @@ class Flusher:
         self._progress_changed()
 
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
-                         start: int, end: int) -> str:
+                         start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
-        (bounded memory whatever the part size)."""
+        (bounded memory whatever the part size); its ETag and the CRC-32 of what it sent."""
         what = f"UploadPart {key} #{idx + 1}"
+        bodies: list[CachePartBody] = []
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
+                bodies[:] = [body]
                 return self.store.sync.upload_part(key, upload_id, idx + 1, body)
 
-            return str(await self._s3(cf, what, send))
+            etag = str(await self._s3(cf, what, send))
+        return etag, bodies[-1].sent_crc
 
     async def _part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
                                key: str, upload_id: str) -> tuple[int, str]:

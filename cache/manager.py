@@ -40,7 +40,7 @@ from lakefs_mount.cache.direct import (
 )
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
-from lakefs_mount.cache.partbody import UploadSource
+from lakefs_mount.cache.partbody import UploadSource, crc_of
 from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.layout import PartMap
@@ -97,10 +97,12 @@ class CacheManager:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the background work of the cache: readahead, eviction, writing back fetched
-        chunks nobody read to their end within FRESH_FOR seconds, and writing the
-        journal's notes of fetched chunks at least every NOTES_EVERY seconds."""
+        chunks nobody read to their end within FRESH_FOR seconds, writing the journal's
+        notes of fetched chunks at least every NOTES_EVERY seconds, and streaming what
+        passthrough writers wrote."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.passthrough.run)
             task_status.started()
             while True:
                 await trio.sleep(NOTES_EVERY)
@@ -792,15 +794,17 @@ class CacheManager:
             self._grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
 
-    async def take_over_written(self, cf: CachedFile, size: int) -> None:
+    async def take_over_written(self, cf: CachedFile, size: int,
+                                keep: frozenset[int] = frozenset()) -> None:
         """The kernel wrote the cache file directly (FUSE passthrough) and it is now `size`
-        bytes long: any chunk of it may have changed, so all of them are dirty, journalled
-        in one transaction (which also records whether passthrough writers remain)."""
+        bytes long: every chunk but those in `keep` (uploaded parts that still hold what the
+        file holds) is dirty, journalled in one transaction, which also records whether
+        passthrough writers remain."""
         count = self.parts.chunk_count(size)
         for idx in [i for i in cf.chunks if i >= count]:
             self._remove_chunk(cf, idx)
         cf.size = size
-        indices = list(range(count))
+        indices = [i for i in range(count) if i not in keep]
         await self._ensure_fd(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), indices)
@@ -814,6 +818,20 @@ class CacheManager:
         self._grow_held(cf, range(count))
         cf.version += 1
         cf.page_cache_etag = None  # the FUSE page cache of the file may be stale
+
+    async def stream_written(self, cf: CachedFile, indices: list[int]) -> None:
+        """Chunks a passthrough writer has left behind: dirty (journalled first), and to
+        the flusher now, while the writer goes on."""
+        await self._mark_dirty(cf, indices, None)
+        for idx in indices:
+            ch = cf.chunks[idx]
+            ch.direct = False  # in the page cache: read it back buffered
+            self.on_chunk_full(cf, idx)
+
+    async def cached_crc(self, cf: CachedFile, start: int, end: int) -> int:
+        """CRC-32 of bytes [start, end) as the cache file holds them now."""
+        async with self.part_reader(cf, start, end) as source:
+            return await trio.to_thread.run_sync(crc_of, source, start, end)
 
     async def open_cache_file(self, cf: CachedFile) -> int:
         """A new descriptor of `cf`'s cache file, owned by the caller (the fd table may

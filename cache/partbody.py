@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -35,7 +36,20 @@ class UploadSource:
         return read_pieces(self.fd, self.direct_fd, start, end)
 
 
+def crc_of(source: UploadSource, start: int, end: int) -> int:
+    """CRC-32 of bytes [start, end) of a cache file (in a worker thread)."""
+    crc = 0
+    for piece in source.pieces(start, end):
+        crc = zlib.crc32(piece, crc)
+    return crc
+
+
 class CachePartBody(io.RawIOBase):
+    """`sent_crc`: the CRC-32 of the bytes of the last pass read from start to end in
+    order (what the last attempt sent), None if the last pass skipped about. A FUSE
+    passthrough writer changes the cache file behind the daemon's back: the CRC tells
+    later whether a part streamed early still holds what the file holds."""
+
     def __init__(self, source: UploadSource, start: int, length: int) -> None:
         super().__init__()
         self._source = source
@@ -44,6 +58,24 @@ class CachePartBody(io.RawIOBase):
         self._pos = 0
         self._buf = b""
         self._buf_pos = 0
+        self._crc: int | None = 0
+        self._crc_pos = 0
+        self._crc_done: int | None = None
+
+    @property
+    def sent_crc(self) -> int | None:
+        return self._crc_done
+
+    def _hashed(self, data: bytes | memoryview, at: int) -> None:
+        if at == 0:
+            self._crc, self._crc_pos = 0, 0
+        if self._crc is None or at != self._crc_pos:
+            self._crc = None
+            return
+        self._crc = zlib.crc32(data, self._crc)
+        self._crc_pos += len(data)
+        if self._crc_pos == self._length:
+            self._crc_done = self._crc
 
     def readable(self) -> bool:
         return True
@@ -59,7 +91,11 @@ class CachePartBody(io.RawIOBase):
 
     def pieces(self) -> Iterator[memoryview]:
         """The whole body (whatever the position), as `read_pieces` reads it."""
-        return self._source.pieces(self._start, self._start + self._length)
+        at = 0
+        for piece in self._source.pieces(self._start, self._start + self._length):
+            self._hashed(piece, at)
+            at += len(piece)
+            yield piece
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
@@ -79,6 +115,7 @@ class CachePartBody(io.RawIOBase):
             self._buf = self._source.read(off, off + piece)
             self._buf_pos, rel = self._pos, 0
         data = self._buf[rel:rel + n]
+        self._hashed(data, self._pos)
         self._pos += len(data)
         return data
 

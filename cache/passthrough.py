@@ -8,27 +8,68 @@ need room under --max-dirty at open; otherwise they take the daemon path, which 
 
 While a file has passthrough writers its chunk map does not say what the cache file holds.
 So the journal row carries `passthrough = 1` from before the first such open is answered
-until `sync` has marked every chunk of the cache file dirty (one transaction); a crash in
-between makes recovery treat the whole cache file as dirty (docs/durability.md, D21). The
-attributes the kernel asks for come from the cache file meanwhile (`refresh`).
+until `sync` has brought the chunks in line with the cache file (one transaction); a crash
+in between makes recovery treat the whole cache file as dirty (docs/durability.md, D21).
+The attributes the kernel asks for come from the cache file meanwhile (`refresh`).
+
+The daemon never sees the writes, so it watches (`run`): every WATCH_EVERY seconds it
+stats the cache file of each file being written, and hands the chunks that lie wholly
+behind its end to the flusher, which uploads them while the writer goes on and remembers
+the CRC-32 of what each part sent. When the last writer leaves, a part whose CRC still
+matches the cache file is kept; every other chunk goes up (again). So a sequential writer
+is durable about as soon as its tail is uploaded, and a writer that goes back (random
+overwrites, a header rewritten at the end) still commits exactly what it wrote.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
 import trio
 
-from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 
 if TYPE_CHECKING:
     from lakefs_mount.cache.manager import CacheManager
 
 
+log = logging.getLogger(__name__)
+
+WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
+
+
 class Passthrough:
     def __init__(self, cache: CacheManager) -> None:
         self.cache = cache
+        self.writing: set[CachedFile] = set()  # files with passthrough writers
+
+    async def run(self) -> None:
+        """Stream what passthrough writers have left behind (see the module's docstring)."""
+        while True:
+            await trio.sleep(WATCH_EVERY)
+            for cf in list(self.writing):
+                try:
+                    await self._stream(cf)
+                except OSError as exc:  # a full disk, a vanished file: the last close syncs
+                    log.warning("watching %s: %s", cf.key, exc)
+
+    async def _stream(self, cf: CachedFile) -> None:
+        if cf.unlinked or cf.fid is None or cf.pt_writers == 0:
+            return
+        seen = self._stat(cf)
+        if seen == cf.pt_watched:
+            return
+        cf.pt_watched = seen
+        self._note_written(cf, seen)
+        if seen == cf.pt_seen:  # nothing written since the open
+            return
+        behind = self.cache.parts.chunk_of(seen[0] - 1) if seen[0] else 0
+        todo = [i for i in range(behind) if i not in cf.pt_streamed]
+        if todo:
+            cf.pt_streamed.update(todo)
+            await self.cache.stream_written(cf, todo)
 
     async def enter(self, cf: CachedFile, writable: bool, daemon_opens: int) -> int | None:
         """A new descriptor of the cache file for the kernel to serve this open from, or
@@ -39,6 +80,7 @@ class Passthrough:
         cf.pt_opens += 1  # counted before any await: a concurrent open must follow suit
         if writable:
             cf.pt_writers += 1
+            self.writing.add(cf)
         try:
             if writable:
                 await self._recorded(cf)
@@ -79,7 +121,12 @@ class Passthrough:
         cf.pt_writers -= 1
         if cf.pt_writers == 0:
             cf.pt_recorded = None
-            await self.sync(cf)
+            self.writing.discard(cf)
+            try:
+                await self.sync(cf)
+            finally:
+                cf.pt_streamed.clear()
+                cf.pt_watched = None
 
     async def sync(self, cf: CachedFile) -> None:
         """Bring the chunk map in line with the cache file (before a commit, a truncate,
@@ -90,9 +137,27 @@ class Passthrough:
         if seen != cf.pt_seen:
             self._note_written(cf, seen)
             cf.pt_seen = seen
-            await self.cache.take_over_written(cf, seen[0])
+            keep = await self._parts_still_valid(cf, seen[0])
+            await self.cache.take_over_written(cf, seen[0], keep)
         elif cf.pt_writers == 0:
             await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
+
+    async def _parts_still_valid(self, cf: CachedFile, size: int) -> frozenset[int]:
+        """Chunks whose uploaded part holds what the cache file holds now (by CRC-32)."""
+        keep = set()
+        for idx in sorted(cf.pt_streamed):
+            ch = cf.chunks.get(idx)
+            while ch is not None and ch.state is ChunkState.UPLOADING and ch.settled:
+                await ch.settled.wait()
+                ch = cf.chunks.get(idx)
+            if ch is None or ch.state is not ChunkState.UPLOADED or ch.sent_crc is None:
+                continue
+            start, end = self.cache.parts.chunk_range(idx)
+            if end > size or end - start != ch.length:
+                continue
+            if await self.cache.cached_crc(cf, start, end) == ch.sent_crc:
+                keep.add(idx)
+        return frozenset(keep)
 
     def refresh(self, cf: CachedFile) -> None:
         """Size and mtime as the kernel's writes left them, for the attributes it asks for

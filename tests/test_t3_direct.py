@@ -11,6 +11,7 @@ import gc
 import mmap
 import os
 import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from lakefs_mount.cache.direct import (
     AlignedBuffers,
     read_through,
 )
-from lakefs_mount.cache.partbody import CachePartBody
+from lakefs_mount.cache.partbody import CachePartBody, UploadSource, crc_of
 from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.uring._buffers import Pin
 from tests.test_t3_cache import PART, core, run
@@ -332,3 +333,28 @@ def test_parts_go_from_the_cache_file_to_s3_in_pieces_skipping_the_page_cache(
     run(body)
     got = s3.get("ckpt")
     assert got is not None and got[1] == data
+
+
+def test_a_part_body_knows_the_crc_of_what_its_last_pass_sent(tmp_path):
+    """What a passthrough writer's early parts are checked against (cache.passthrough)."""
+    data = random.randbytes(3 * MiB + 5)
+    path = tmp_path / "cache-file"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        source = UploadSource(fd, None)
+        sent = CachePartBody(source, MiB, 2 * MiB)
+        assert sent.sent_crc is None
+        assert b"".join(bytes(p) for p in sent.pieces()) == data[MiB:3 * MiB]
+        assert sent.sent_crc == zlib.crc32(data[MiB:3 * MiB])
+        read = CachePartBody(source, MiB, 2 * MiB)
+        read.read(1000)
+        read.seek(5000)  # a pass that skips bytes proves nothing
+        read.read()
+        assert read.sent_crc is None
+        read.seek(0)
+        read.read()  # a whole second pass from the start does
+        assert read.sent_crc == zlib.crc32(data[MiB:3 * MiB])
+        assert crc_of(source, 0, len(data)) == zlib.crc32(data)
+    finally:
+        os.close(fd)

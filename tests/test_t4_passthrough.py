@@ -12,19 +12,10 @@ import time
 
 import pytest
 
+from tests.test_t4_posix import body, flushed, wait_for
+
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native"], indirect=True)
-
-
-def _body(s3, key: str) -> bytes:
-    info = s3.head(key)
-    assert info is not None, f"{key} is not in S3"
-    return s3.get_range(key, 0, info.size) if info.size else b""
-
-
-def _flushed(m) -> None:
-    proc = m.flush()
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.fixture
@@ -44,14 +35,14 @@ def test_a_new_file_is_written_by_the_kernel_and_lands_byte_identical_in_s3(pt, 
     assert c["passthrough_opens"] == 1
     assert c.get("write_requests", 0) == 0  # not one WRITE crossed into the daemon
     assert os.stat(pt.path / "model.bin").st_size == len(data)
-    _flushed(pt)
-    assert _body(s3, "model.bin") == data
+    flushed(pt)
+    assert body(s3, "model.bin") == data
 
 
 def test_random_overwrites_of_streamed_parts_reach_s3(pt, s3):
     data = bytearray(random.randbytes(33 * MiB))
     (pt.path / "f").write_bytes(data)
-    _flushed(pt)
+    flushed(pt)
     rnd = random.Random(7)
     with open(pt.path / "f", "r+b") as f:  # fully cached and clean: passthrough again
         for _ in range(20):
@@ -65,8 +56,35 @@ def test_random_overwrites_of_streamed_parts_reach_s3(pt, s3):
         data += b"tail"
     assert pt.counters()["passthrough_opens"] == 2
     assert pt.counters().get("write_requests", 0) == 0
-    _flushed(pt)
-    assert _body(s3, "f") == bytes(data)
+    flushed(pt)
+    assert body(s3, "f") == bytes(data)
+
+
+def test_parts_go_up_while_the_writer_still_writes_and_only_once(pt, s3):
+    data = random.randbytes(44 * MiB)  # 6 parts of 8 MiB, the last one short
+    with open(pt.path / "stream.bin", "wb") as f:
+        f.write(data[:40 * MiB])
+        f.flush()
+        # the watcher sees the file grow: the 4 parts wholly behind its end go up now
+        assert wait_for(lambda: pt.counters().get("parts_uploaded", 0) >= 4, 30)
+        f.write(data[40 * MiB:])
+    flushed(pt)
+    assert body(s3, "stream.bin") == data
+    assert pt.counters()["parts_uploaded"] == 6  # kept the streamed ones: CRC unchanged
+
+
+def test_a_streamed_part_the_writer_changes_again_is_sent_again(pt, s3):
+    data = bytearray(random.randbytes(30 * MiB))
+    with open(pt.path / "header.bin", "wb") as f:
+        f.write(data)
+        f.flush()
+        assert wait_for(lambda: pt.counters().get("parts_uploaded", 0) >= 3, 30)
+        f.seek(100)  # as a saver that fills in a header at the end
+        f.write(b"HEADER")
+        data[100:106] = b"HEADER"
+    flushed(pt)
+    assert body(s3, "header.bin") == bytes(data)
+    assert pt.counters()["parts_uploaded"] == 5  # 4 parts, the first one twice
 
 
 def test_truncate_while_open_in_passthrough(pt, s3):
@@ -78,8 +96,8 @@ def test_truncate_while_open_in_passthrough(pt, s3):
         assert os.fstat(f.fileno()).st_size == 9 * MiB + 7
     expected = (pt.path / "t").read_bytes()
     assert len(expected) == 9 * MiB + 7 and expected[:4] == b"head"
-    _flushed(pt)
-    assert _body(s3, "t") == expected
+    flushed(pt)
+    assert body(s3, "t") == expected
 
 
 def test_two_writers_and_a_reader_share_one_passthrough_file(pt, s3):
@@ -95,8 +113,8 @@ def test_two_writers_and_a_reader_share_one_passthrough_file(pt, s3):
     for f in (a, b, reader):
         f.close()
     assert pt.counters()["passthrough_opens"] == 3
-    _flushed(pt)
-    assert _body(s3, "shared") == b"A" * MiB + b"B" * MiB
+    flushed(pt)
+    assert body(s3, "shared") == b"A" * MiB + b"B" * MiB
 
 
 def test_stat_while_writing_shows_the_size_the_kernel_wrote(pt):
@@ -119,8 +137,8 @@ def test_shared_mmap_writes_reach_s3(pt, s3):
         mm[100:105] = b"hello"
         mm[MiB:MiB + 5] = b"world"
         mm.flush()
-    _flushed(pt)
-    got = _body(s3, "mm")
+    flushed(pt)
+    got = body(s3, "mm")
     assert got[100:105] == b"hello" and got[MiB:MiB + 5] == b"world" and len(got) == 2 * MiB
 
 
@@ -143,7 +161,7 @@ def test_kill9_in_the_middle_of_a_passthrough_write_loses_no_written_byte(pt, s3
     takes every byte of the cache file as dirty, also where S3 holds an older version."""
     data = bytearray(random.randbytes(20 * MiB + 5))
     (pt.path / "crash.bin").write_bytes(data)
-    _flushed(pt)  # committed: chunks the journal does not name would come from S3
+    flushed(pt)  # committed: chunks the journal does not name would come from S3
     patch = random.randbytes(MiB)
     data[9 * MiB:10 * MiB] = patch
     data += b"appended"
@@ -163,8 +181,8 @@ def test_kill9_in_the_middle_of_a_passthrough_write_loses_no_written_byte(pt, s3
         writer.wait()
     pt.start()
     assert pt.counters()["recovered_files"] == 1
-    _flushed(pt)
-    assert _body(s3, "crash.bin") == bytes(data)
+    flushed(pt)
+    assert body(s3, "crash.bin") == bytes(data)
 
 
 def test_eviction_leaves_a_passthrough_file_alone(mount_factory, s3):
