@@ -147,7 +147,8 @@ class Passthrough:
         keep = set()
         for idx in sorted(cf.pt_streamed):
             ch = cf.chunks.get(idx)
-            while ch is not None and ch.state is ChunkState.UPLOADING and ch.settled:
+            while (ch is not None and ch.state is ChunkState.UPLOADING
+                   and ch.settled is not None):
                 await ch.settled.wait()
                 ch = cf.chunks.get(idx)
             if ch is None or ch.state is not ChunkState.UPLOADED or ch.sent_crc is None:
