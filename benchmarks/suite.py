@@ -634,10 +634,13 @@ class Suite:
         opts = ("--part-size", self.args.part_size,
                 "--upload-concurrency", str(self.args.upload_concurrency))
         makers: dict[str, tuple[str, Callable[[Path, str], Target]]] = {}
-        for engine in ENGINES:
+        for engine in ENGINES:  # the native session, passthrough where the kernel has it
             makers[f"lakefs_{engine}"] = (
-                f"lakefs-mount ({engine})",
+                f"lakefs-mount ({engine}, native)",
                 lambda root, b, e=engine: LakefsTarget(root, ep, b, e, opts))
+        makers["lakefs_pyfuse3"] = (  # every byte through the daemon, as before passthrough
+            "lakefs-mount (uring, pyfuse3)",
+            lambda root, b: LakefsTarget(root, ep, b, "uring", opts, session="pyfuse3"))
         if "juicefs" in self.peer_bins:
             # one JuiceFS volume (SQLite meta.db) per bucket, kept across its mounts
             makers["juicefs"] = ("JuiceFS (writeback)", lambda root, b: JuiceFSTarget(

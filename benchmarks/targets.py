@@ -1,4 +1,5 @@
-"""Filesystems under test: lakefs-mount (per io engine), JuiceFS and rclone mount.
+"""Filesystems under test: lakefs-mount (per io engine and FUSE session), JuiceFS and
+rclone mount.
 
 A target mounts one bucket of the embedded SeaweedFS at `root/mnt` with a cache dir
 under `root`, makes everything written so far durable in S3 (`durable()`), reports its
@@ -145,23 +146,25 @@ class Target:
 
 class LakefsTarget(Target):
     def __init__(self, root: Path, endpoint: str, bucket: str, engine: str,
-                 options: tuple[str, ...] = ()) -> None:
+                 options: tuple[str, ...] = (), session: str = "native") -> None:
         super().__init__(root, endpoint, bucket)
         self.engine = engine
-        self.name = f"lakefs-mount ({engine})"
+        self.session = session
+        self.name = f"lakefs-mount ({engine}, {session})"
         self.options = options
         self.log_file = root / "daemon.log"
 
     def start(self) -> None:
         _run([CLI, "mount", f"s3://{self.bucket}", str(self.path),
               "--endpoint-url", self.endpoint, "--cache-dir", str(self.cache_dir),
-              "--log-file", str(self.log_file), "--io-engine", self.engine, *self.options],
-             timeout=180)
+              "--log-file", str(self.log_file), "--io-engine", self.engine,
+              "--fuse-session", self.session, *self.options], timeout=180)
         status = self.status()
         self.pid = int(status["pid"])
-        if self.engine != "auto" and status.get("io_engine") != self.engine:
-            raise RuntimeError(f"asked for io engine {self.engine}, the daemon uses "
-                               f"{status.get('io_engine')}")
+        for asked, key in ((self.engine, "io_engine"), (self.session, "fuse_session")):
+            if asked != "auto" and status.get(key) != asked:
+                raise RuntimeError(f"asked for {key} {asked}, the daemon uses "
+                                   f"{status.get(key)}")
 
     def status(self) -> dict:
         return json.loads(_run([CLI, "status", str(self.path), "--json"], timeout=60).stdout)

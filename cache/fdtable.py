@@ -68,6 +68,15 @@ class FdTable:
             cf.dfd = self._open_retrying(cf, lambda: self._direct.open(path))
         return cf.dfd
 
+    def open_loose(self, cf: CachedFile, path: str) -> int:
+        """A descriptor of `cf`'s cache file that the caller closes at once (the kernel keeps
+        its own reference to a passthrough backing file): not kept, but on EMFILE the
+        table gives up some of its own first."""
+        fd = self._open_retrying(cf, lambda: os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        assert fd is not None
+        self._open -= 1
+        return fd
+
     def _open_retrying(self, cf: CachedFile, opener: Callable[[], int | None]) -> int | None:
         try:
             fd = opener()

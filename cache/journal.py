@@ -129,6 +129,7 @@ class Journal:
     """Synchronous journal access; the daemon calls it from one worker thread at a time."""
 
     def __init__(self, path: Path) -> None:
+        self.reserve_path = path.with_name(path.name + ".reserve")
         fresh = not path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.close(fd)
@@ -155,6 +156,38 @@ class Journal:
 
     def close(self) -> None:
         self._conn.close()
+
+    # -- the disk space the journal keeps for itself ------------------------------------
+
+    def reserve_held(self) -> int:
+        """Bytes of the cache disk the reserve file holds for the journal."""
+        try:
+            return os.stat(self.reserve_path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def arm_reserve(self, size: int) -> bool:
+        """Hold `size` bytes of the disk in the reserve file; False if they are not free.
+
+        Writers the daemon does not see (FUSE passthrough) can fill the cache disk to the
+        last block; SQLite then finds room in what `release_reserve` gives back."""
+        fd = os.open(self.reserve_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return True
+        except OSError:
+            os.ftruncate(fd, 0)
+            return False
+        finally:
+            os.close(fd)
+
+    def release_reserve(self) -> bool:
+        """Free the reserve for the journal's own writes; False if there was none."""
+        if self.reserve_held() == 0:
+            return False
+        os.truncate(self.reserve_path, 0)
+        log.warning("cache disk full: the journal uses its reserve (%s)", self.reserve_path)
+        return True
 
     # -- meta -------------------------------------------------------------------------
 
@@ -398,6 +431,10 @@ class _Call:
             self.error = exc
 
 
+def _disk_full(exc: Exception | None) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
+
+
 class AsyncJournal:
     """The journal from the trio loop: calls run one at a time, in order, in a thread.
 
@@ -448,6 +485,9 @@ class AsyncJournal:
                             len(notes), exc)
             for call in batch:
                 call.run()
+                if _disk_full(call.error) and self.sync.release_reserve():
+                    call.error = None
+                    call.run()
 
         try:
             await trio.to_thread.run_sync(run, abandon_on_cancel=False)

@@ -103,9 +103,11 @@ class CacheManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.passthrough.run)
+            await self.keep_journal_reserve()
             task_status.started()
             while True:
                 await trio.sleep(NOTES_EVERY)
+                await self.keep_journal_reserve()
                 stale = trio.current_time() - FRESH_FOR
                 for ref in [r for r, (_, _, at) in self._fresh.items() if at < stale]:
                     self._settle_soon(*ref)
@@ -686,8 +688,28 @@ class CacheManager:
         return max(0, self._free_above_reserve()) + self.budget.clean_bytes(excluding)
 
     def _free_above_reserve(self) -> int:
+        """Free bytes of the cache disk beyond the journal's reserve (what its reserve file
+        does not hold yet still counts as the reserve's)."""
         st = os.statvfs(self.data_dir)
-        return st.f_bavail * st.f_frsize - min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
+        missing = self._reserve_size(st) - self.journal.sync.reserve_held()
+        return st.f_bavail * st.f_frsize - max(0, missing)
+
+    @staticmethod
+    def _reserve_size(st: os.statvfs_result) -> int:
+        return min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
+
+    async def keep_journal_reserve(self) -> None:
+        """Hold the journal's reserve on the cache disk (again, after a full disk used it),
+        evicting clean chunks to make room if it must."""
+        st = os.statvfs(self.data_dir)
+        wanted = self._reserve_size(st)
+        held = self.journal.sync.reserve_held()
+        if held >= wanted:
+            return
+        short = wanted - held - st.f_bavail * st.f_frsize
+        if short > 0 and not await self.evict_bytes(short):
+            return
+        await self.journal(self.journal.sync.arm_reserve, wanted)
 
     async def _ensure_disk_room(self, needed: int) -> None:
         """Before new dirty chunks (or a warm-up's fetch): room for them plus a reserve the
@@ -838,7 +860,7 @@ class CacheManager:
         close its own at any time)."""
         await self._ensure_fd(cf)
         assert cf.fid is not None
-        return os.open(self.cache_path(cf.fid), os.O_RDWR | os.O_CLOEXEC)
+        return self.fds.open_loose(cf, str(self.cache_path(cf.fid)))
 
     def set_state(self, cf: CachedFile, ch: Chunk, idx: int, state: ChunkState) -> None:
         """Every chunk state change goes through here, so dirty bytes stay exact."""

@@ -81,13 +81,21 @@ class Passthrough:
         if writable:
             cf.pt_writers += 1
             self.writing.add(cf)
+        fd = -1
         try:
+            fd = await self.cache.open_cache_file(cf)
+            if cf.pt_opens == 1 and os.fstat(fd).st_size != cf.size:
+                # the kernel reads up to the backing file's end: bytes of an older, longer
+                # version past it (or a tail never written) must not show
+                os.ftruncate(fd, cf.size)
             if writable:
                 await self._recorded(cf)
-            return await self.cache.open_cache_file(cf)
         except BaseException:
+            if fd >= 0:
+                os.close(fd)
             await self.leave(cf, writable)
             raise
+        return fd
 
     def _may_start(self, cf: CachedFile, writable: bool, daemon_opens: int) -> bool:
         cache = self.cache
@@ -95,7 +103,9 @@ class Passthrough:
             return False
         if not cache.holds(cf, 0, cf.size):
             return False
-        return not writable or cache.dirty_bytes < cache.max_dirty
+        # a writer the daemon does not see must find room: otherwise the daemon path waits
+        return not writable or (cache.dirty_bytes < cache.max_dirty
+                                and cache.disk_room(set()) >= cache.parts.part_size)
 
     async def _recorded(self, cf: CachedFile) -> None:
         """The journal knows that the kernel may write the file, before the open is

@@ -220,3 +220,15 @@ def test_calls_queued_behind_a_running_one_share_one_thread_hop_in_order(tmp_pat
         assert 99 not in order and order[-1] == 100
 
     trio.run(main)
+
+
+def test_the_journal_holds_a_reserve_of_disk_space_and_gives_it_back_once(tmp_path):
+    j = Journal(tmp_path / "journal.db")
+    assert j.reserve_held() == 0
+    assert j.arm_reserve(1 << 20)
+    assert j.reserve_held() == 1 << 20
+    assert os.stat(j.reserve_path).st_blocks * 512 >= 1 << 20  # really allocated
+    assert stat.S_IMODE(os.stat(j.reserve_path).st_mode) == 0o600
+    assert j.release_reserve()
+    assert j.reserve_held() == 0
+    assert not j.release_reserve()

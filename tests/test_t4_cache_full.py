@@ -48,9 +48,8 @@ def test_one_file_larger_than_the_cache_disk_gets_enospc_and_keeps_what_was_writ
     fd = os.open(m.path / "huge.bin", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         with pytest.raises(OSError) as err:
-            for _ in range(200):
-                os.write(fd, block)
-                written += len(block)
+            for _ in range(200):  # a write may be short just before the disk is full
+                written += os.write(fd, block)
         assert err.value.errno == errno.ENOSPC
     finally:
         os.close(fd)
@@ -58,7 +57,7 @@ def test_one_file_larger_than_the_cache_disk_gets_enospc_and_keeps_what_was_writ
     assert m.flush().returncode == 0
     info = s3.head("huge.bin")
     assert info is not None and info.size >= written
-    assert s3.get_range("huge.bin", 0, written) == block * (written // MiB)
+    assert s3.get_range("huge.bin", 0, written) == (block * (written // MiB + 1))[:written]
 
 
 def test_a_warm_up_larger_than_the_cache_disk_is_refused_and_one_that_fits_runs(

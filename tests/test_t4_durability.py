@@ -99,8 +99,8 @@ def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_fa
     m = mount_factory("--part-size", "8M", "--commit-delay", "0",
                       endpoint_url=fault_proxy.endpoint_url)
     path = m.path / "rewritten.bin"
-    path.write_bytes(random.randbytes(27 * MiB))
     fault_proxy.bandwidth_bytes_per_s = 4 * MiB  # keep the first commit in flight
+    path.write_bytes(random.randbytes(27 * MiB))  # (passthrough: done before any upload)
     deadline = time.monotonic() + 30
     while m.status()["files_committing"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -54,7 +54,8 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
             if p.get("baseline") is not None:
                 assert isinstance(p["ratio"], float) and p["ratio"] > 0, (name, pname, p)
     pts = results["workloads"]
-    assert {"lakefs_uring", "lakefs_threads", "raw_disk"} <= set(pts["checkpoint_write"]["points"])
+    assert {"lakefs_uring", "lakefs_threads", "lakefs_pyfuse3", "raw_disk"} <= set(
+        pts["checkpoint_write"]["points"])
     assert {"lakefs_uring_cold", "lakefs_uring_warm", "lakefs_uring_warmup", "raw_get"} <= set(
         pts["restore"]["points"])
     for phase in ("cold", "warm"):  # each compared with a baseline run just before it
