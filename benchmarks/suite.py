@@ -30,8 +30,6 @@ from typing import Any
 
 from benchmarks import report
 from benchmarks.targets import (
-    ACCESS_KEY,
-    SECRET_KEY,
     JuiceFSTarget,
     LakefsTarget,
     RcloneTarget,
@@ -40,6 +38,7 @@ from benchmarks.targets import (
     proc_cpu_seconds,
     proc_peak_rss,
     tool_version,
+    use_bench_credentials,
 )
 from benchmarks.workers import MiB, run_parallel, small_object, span
 from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE, writes_can_splice
@@ -981,10 +980,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
-    os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        os.environ.pop(k, None)
+    use_bench_credentials()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 

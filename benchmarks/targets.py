@@ -30,6 +30,14 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey"
 
 
+def use_bench_credentials() -> None:
+    """This process and the mounts it starts sign with the benchmark's keys, nobody's own."""
+    os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        os.environ.pop(k, None)
+
+
 def _run(cmd: list[str], timeout: float = 600, check: bool = True,
          env: dict[str, str] | None = None,
          output: Path | None = None) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.targets import LakefsTarget
+from benchmarks.targets import LakefsTarget, use_bench_credentials
 from lakefs_mount.embedded import EmbeddedS3
 
 MiB = 1 << 20
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-torch-save")
     ap.add_argument("--out", default=str(HERE / "results" / "torch-save"))
     a = ap.parse_args(argv)
+    use_bench_credentials()
     work = Path(a.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

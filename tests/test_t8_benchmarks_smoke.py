@@ -97,3 +97,22 @@ def test_cache_disk_benchmark_reports_the_mixed_rate_and_leaves_nothing(tmp_path
     assert all(rate > 0 for rate in rates.values()), proc.stdout
     assert "tops out near" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+def test_torch_save_benchmark_reports_block_and_durable_ratios_per_session(
+        tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.torch_save", "--gib", "0.125", "--runs", "2",
+         "--out", str(out), "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["bytes"] == 2 * 64 * 1024 * 1024
+    for session in ("native", "pyfuse3"):
+        s = summary[session]
+        assert s["block_s"] > 0 and s["block_x_local"] > 0, s
+        assert s["durable_s"] >= s["block_s"] and s["durable_x_ideal"] > 0, s
+    assert not (tmp_path / "work").exists()
