@@ -4,13 +4,17 @@ application wrote (real mount, real SeaweedFS)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import mmap
 import os
 import random
+import signal
 import subprocess
 import time
 
 import pytest
+from mounting import CLI
 
 from tests.test_t4_posix import body, flushed, wait_for
 
@@ -209,3 +213,44 @@ def test_status_says_which_session_and_whether_passthrough_is_on(mount_factory):
     classic = mount_factory("--fuse-session", "pyfuse3", name="classic")
     st = classic.status()
     assert st["fuse_session"] == "pyfuse3" and st["passthrough"].startswith("off (")
+
+
+def test_without_cap_sys_admin_the_native_session_serves_without_passthrough_saying_why(
+        s3_server, bucket, s3, tmp_path, fuse_session):
+    """In a user namespace the daemon is root there but has no CAP_SYS_ADMIN where the
+    kernel checks backing files: the native session mounts, every open goes through the
+    daemon, and status and log say why."""
+    mnt, status_file = tmp_path / "mnt", tmp_path / "status.json"
+    mnt.mkdir()
+    script = f"""
+set -e
+trap '{CLI} unmount {mnt} >/dev/null 2>&1 || true' EXIT
+{CLI} mount s3://{bucket} {mnt} --endpoint-url {s3_server.endpoint_url} \\
+    --cache-dir {tmp_path / 'cache'} --log-file {tmp_path / 'daemon.log'} \
+    --fuse-session {fuse_session}
+{CLI} status {mnt} --json > {status_file}
+printf 'through the daemon' > {mnt}/f
+cat {mnt}/f > {tmp_path / 'read-back'}
+{CLI} status {mnt} --json > {tmp_path / 'after.json'}
+{CLI} flush {mnt}
+"""
+    pid = None
+    try:
+        proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                               script], capture_output=True, text=True, timeout=120)
+        if status_file.exists() and status_file.read_text():
+            pid = json.loads(status_file.read_text())["pid"]
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    status = json.loads(status_file.read_text())
+    assert status["fuse_session"] == "native"
+    assert status["passthrough"] == ("off (the kernel refused a backing file: Operation not "
+                                     "permitted)")
+    after = json.loads((tmp_path / "after.json").read_text())["counters"]
+    assert after.get("passthrough_opens", 0) == 0 and after["write_requests"] >= 1
+    assert (tmp_path / "read-back").read_text() == "through the daemon"
+    assert body(s3, "f") == b"through the daemon"
+    assert "passthrough off (the kernel refused" in (tmp_path / "daemon.log").read_text()
