@@ -700,8 +700,12 @@ class CacheManager:
 
     async def keep_journal_reserve(self) -> None:
         """Hold the journal's reserve on the cache disk (again, after a full disk used it),
-        evicting clean chunks to make room if it must."""
-        st = os.statvfs(self.data_dir)
+        evicting clean chunks to make room if it must. Never fatal: the cache directory
+        may be gone from under a live mount (writes then fail and say so)."""
+        try:
+            st = os.statvfs(self.data_dir)
+        except OSError:
+            return
         wanted = self._reserve_size(st)
         held = self.journal.sync.reserve_held()
         if held >= wanted:
@@ -709,7 +713,10 @@ class CacheManager:
         short = wanted - held - st.f_bavail * st.f_frsize
         if short > 0 and not await self.evict_bytes(short):
             return
-        await self.journal(self.journal.sync.arm_reserve, wanted)
+        try:
+            await self.journal(self.journal.sync.arm_reserve, wanted)
+        except OSError as exc:
+            log.debug("journal reserve not held: %s", exc)
 
     async def _ensure_disk_room(self, needed: int) -> None:
         """Before new dirty chunks (or a warm-up's fetch): room for them plus a reserve the

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from mounting import cli
@@ -13,13 +15,11 @@ from mounting import cli
 MiB = 1024 * 1024
 
 
-@pytest.fixture
-def tiny_cache_mount(mount_factory):
-    """A mount whose cache directory is a 48 MiB tmpfs."""
-    m = mount_factory("--part-size", "8M", "--max-dirty", "16M", "--cache-size", "1G",
-                      start=False)
+@contextlib.contextmanager
+def _cache_on_tmpfs(mount_factory, size: str, *options: str):
+    m = mount_factory("--part-size", "8M", "--cache-size", "1G", *options, start=False)
     m.cache_dir.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs",
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
                     str(m.cache_dir)], check=True)
     try:
         m.start()
@@ -27,6 +27,13 @@ def tiny_cache_mount(mount_factory):
     finally:
         m.cleanup()
         subprocess.run(["umount", "-l", str(m.cache_dir)], check=False)
+
+
+@pytest.fixture
+def tiny_cache_mount(mount_factory):
+    """A mount whose cache directory is a 48 MiB tmpfs."""
+    with _cache_on_tmpfs(mount_factory, "48m", "--max-dirty", "16M") as m:
+        yield m
 
 
 def test_many_closed_files_larger_than_the_cache_disk_all_reach_s3(tiny_cache_mount, s3):
@@ -75,3 +82,34 @@ def test_a_warm_up_larger_than_the_cache_disk_is_refused_and_one_that_fits_runs(
     assert (m.path / "ckpt/0.bin").read_bytes() == s3.get_range("ckpt/0.bin", 0, 8 * MiB)
     assert m.counters()["gets"] == before
 
+
+
+@pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
+def test_four_writers_filling_the_cache_disk_at_once_all_reach_s3_up_to_their_enospc(
+        mount_factory, s3):
+    """Issue 29's first defect, as it was found (256 MiB cache disk, 4 writers of 256 MiB):
+    several writers used to eat the journal's free-space reserve between them, SQLite hit
+    the full disk first ('database or disk is full') and nothing could drain. The reserve
+    is a file now; what each writer was told it wrote reaches S3."""
+    with _cache_on_tmpfs(mount_factory, "256m", "--max-dirty", "64M") as m:
+        blocks = {f"w{k}.bin": random.randbytes(MiB) for k in range(4)}
+        written = dict.fromkeys(blocks, 0)
+
+        def fill(name: str) -> None:
+            fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                for _ in range(256):
+                    written[name] += os.write(fd, blocks[name])
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(fill, blocks))
+        assert sum(written.values()) < 4 * 256 * MiB  # the disk did fill up
+        flushed = m.flush()
+        assert flushed.returncode == 0, flushed.stderr
+        for name, n in written.items():
+            if n:
+                assert s3.get_range(name, 0, n) == (blocks[name] * (n // MiB + 1))[:n]
