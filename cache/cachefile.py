@@ -38,7 +38,7 @@ class Chunk:
     settled: trio.Event | None = None  # set when an UPLOADING chunk leaves that state
     direct: bool = False  # its bytes (most of them) went to disk with O_DIRECT: read
     # them back that way (correct either way: Linux keeps the two paths coherent)
-    sent_crc: int | None = None  # CRC-32 of what its UPLOADED part holds, where known
+    sent_crc: int | None = None  # CRC-32C of what its UPLOADED part holds, where known
 
 
 @dataclass(eq=False)

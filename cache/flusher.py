@@ -303,7 +303,7 @@ class Flusher:
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
                          start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
-        (bounded memory whatever the part size); its ETag and the CRC-32 of what it sent."""
+        (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
         async with self.cache.part_reader(cf, start, end) as source:

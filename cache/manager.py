@@ -858,7 +858,7 @@ class CacheManager:
             self.on_chunk_full(cf, idx)
 
     async def cached_crc(self, cf: CachedFile, start: int, end: int) -> int:
-        """CRC-32 of bytes [start, end) as the cache file holds them now."""
+        """CRC-32C of bytes [start, end) as the cache file holds them now."""
         async with self.part_reader(cf, start, end) as source:
             return await trio.to_thread.run_sync(crc_of, source, start, end)
 

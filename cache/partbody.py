@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import crc32c
 
 from lakefs_mount.cache.direct import read_pieces, read_through
 
@@ -37,15 +38,15 @@ class UploadSource:
 
 
 def crc_of(source: UploadSource, start: int, end: int) -> int:
-    """CRC-32 of bytes [start, end) of a cache file (in a worker thread)."""
+    """CRC-32C of bytes [start, end) of a cache file (in a worker thread)."""
     crc = 0
     for piece in source.pieces(start, end):
-        crc = zlib.crc32(piece, crc)
+        crc = crc32c.crc32c(piece, crc)
     return crc
 
 
 class CachePartBody(io.RawIOBase):
-    """`sent_crc`: the CRC-32 of the bytes of the last pass read from start to end in
+    """`sent_crc`: the CRC-32C of the bytes of the last pass read from start to end in
     order (what the last attempt sent), None if the last pass skipped about. A FUSE
     passthrough writer changes the cache file behind the daemon's back: the CRC tells
     later whether a part streamed early still holds what the file holds."""
@@ -72,7 +73,7 @@ class CachePartBody(io.RawIOBase):
         if self._crc is None or at != self._crc_pos:
             self._crc = None
             return
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc32c.crc32c(data, self._crc)
         self._crc_pos += len(data)
         if self._crc_pos == self._length:
             self._crc_done = self._crc

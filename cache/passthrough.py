@@ -15,7 +15,7 @@ The attributes the kernel asks for come from the cache file meanwhile (`refresh`
 The daemon never sees the writes, so it watches (`run`): every WATCH_EVERY seconds it
 stats the cache file of each file being written, and hands the chunks that lie wholly
 behind its end to the flusher, which uploads them while the writer goes on and remembers
-the CRC-32 of what each part sent. When the last writer leaves, a part whose CRC still
+the CRC-32C of what each part sent. When the last writer leaves, a part whose CRC still
 matches the cache file is kept; every other chunk goes up (again). So a sequential writer
 is durable about as soon as its tail is uploaded, and a writer that goes back (random
 overwrites, a header rewritten at the end) still commits exactly what it wrote.
@@ -153,9 +153,11 @@ class Passthrough:
             await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
 
     async def _parts_still_valid(self, cf: CachedFile, size: int) -> frozenset[int]:
-        """Chunks whose uploaded part holds what the cache file holds now (by CRC-32)."""
-        keep = set()
-        for idx in sorted(cf.pt_streamed):
+        """Streamed chunks that need no new upload: those still waiting for theirs (it will
+        read the cache file as it is now) and those whose uploaded part holds what the
+        cache file holds now (by CRC-32C)."""
+        keep = {i for i in cf.pt_streamed if cf.state(i) is ChunkState.DIRTY}
+        for idx in sorted(cf.pt_streamed - keep):
             ch = cf.chunks.get(idx)
             while (ch is not None and ch.state is ChunkState.UPLOADING
                    and ch.settled is not None):
