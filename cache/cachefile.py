@@ -39,6 +39,8 @@ class Chunk:
     direct: bool = False  # its bytes (most of them) went to disk with O_DIRECT: read
     # them back that way (correct either way: Linux keeps the two paths coherent)
     sent_crc: int | None = None  # CRC-32C of what its UPLOADED part holds, where known
+    verify: bool = False  # a passthrough writer may have changed it after its upload began:
+    # the commit checks the part's CRC against the cache file before using it
 
 
 @dataclass(eq=False)

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.cachefile import DIRTY_STATES, PENDING_STATES, CachedFile, ChunkState
+from lakefs_mount.cache.cachefile import (
+    DIRTY_STATES,
+    PENDING_STATES,
+    CachedFile,
+    Chunk,
+    ChunkState,
+)
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.layout import META_SYMLINK, encode_attrs
@@ -325,7 +331,8 @@ class Flusher:
             if ch is not None and ch.state is ChunkState.UPLOADING and ch.settled is not None:
                 await ch.settled.wait()
                 continue
-            if ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start:
+            if (ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start
+                    and not await self._stale(cf, idx, ch)):
                 assert ch.etag is not None
                 return idx + 1, ch.etag
             in_base = cf.base_key is not None and end <= cf.base_size
@@ -339,11 +346,21 @@ class Flusher:
                 return idx + 1, str(etag)
             if cf.version != version or cf.unlinked:
                 raise CommitSuperseded  # what this part should hold is no longer cached
-            if ch is None or ch.state is ChunkState.CLEAN or (
-                    ch.state is ChunkState.UPLOADED and ch.length != end - start):
-                # A hole or a part of another length: its cached bytes go up as they are.
+            if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
+                # A hole, a part of another length or of older bytes: the cached bytes go
+                # up as they are.
                 await self.cache._mark_dirty(cf, [idx], None)
             await self._upload_chunk(cf, idx)
+
+    async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:
+        """An uploaded part a passthrough writer may have changed since (`Chunk.verify`):
+        True unless its CRC-32C still matches the cache file."""
+        if not ch.verify:
+            return False
+        ch.verify = False
+        start = self.parts.chunk_range(idx)[0]
+        return (ch.sent_crc is None
+                or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
 
     # -- commits ----------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ The attributes the kernel asks for come from the cache file meanwhile (`refresh`
 The daemon never sees the writes, so it watches (`run`): every WATCH_EVERY seconds it
 stats the cache file of each file being written, and hands the chunks that lie wholly
 behind its end to the flusher, which uploads them while the writer goes on and remembers
-the CRC-32C of what each part sent. When the last writer leaves, a part whose CRC still
-matches the cache file is kept; every other chunk goes up (again). So a sequential writer
-is durable about as soon as its tail is uploaded, and a writer that goes back (random
-overwrites, a header rewritten at the end) still commits exactly what it wrote.
+the CRC-32C of what each part sent. When the last writer leaves, the commit keeps a part
+whose CRC still matches the cache file; every other chunk goes up (again). So a
+sequential writer is durable about as soon as its tail is uploaded, and a writer that
+goes back (random overwrites, a header rewritten at the end) still commits exactly what
+it wrote.
 """
 
 from __future__ import annotations
@@ -147,29 +148,23 @@ class Passthrough:
         if seen != cf.pt_seen:
             self._note_written(cf, seen)
             cf.pt_seen = seen
-            keep = await self._parts_still_valid(cf, seen[0])
-            await self.cache.take_over_written(cf, seen[0], keep)
+            await self.cache.take_over_written(cf, seen[0], self._parts_to_keep(cf))
         elif cf.pt_writers == 0:
             await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
 
-    async def _parts_still_valid(self, cf: CachedFile, size: int) -> frozenset[int]:
-        """Streamed chunks that need no new upload: those still waiting for theirs (it will
-        read the cache file as it is now) and those whose uploaded part holds what the
-        cache file holds now (by CRC-32C)."""
-        keep = {i for i in cf.pt_streamed if cf.state(i) is ChunkState.DIRTY}
-        for idx in sorted(cf.pt_streamed - keep):
+    def _parts_to_keep(self, cf: CachedFile) -> frozenset[int]:
+        """Streamed chunks that need no new upload now: those waiting for theirs (it will
+        read the cache file as it is now), and those whose upload began or ended before;
+        the commit checks the CRC-32C of these against the cache file (`Chunk.verify`)
+        and sends again any that changed. Waiting here for uploads in flight would hold
+        back the tail's upload and the commit."""
+        keep = set()
+        for idx in cf.pt_streamed:
             ch = cf.chunks.get(idx)
-            while (ch is not None and ch.state is ChunkState.UPLOADING
-                   and ch.settled is not None):
-                await ch.settled.wait()
-                ch = cf.chunks.get(idx)
-            if ch is None or ch.state is not ChunkState.UPLOADED or ch.sent_crc is None:
-                continue
-            start, end = self.cache.parts.chunk_range(idx)
-            if end > size or end - start != ch.length:
-                continue
-            if await self.cache.cached_crc(cf, start, end) == ch.sent_crc:
-                keep.add(idx)
+            if ch is None or ch.state is ChunkState.CLEAN:
+                continue  # committed meanwhile and maybe written again: it goes up
+            ch.verify = ch.state is not ChunkState.DIRTY
+            keep.add(idx)
         return frozenset(keep)
 
     def refresh(self, cf: CachedFile) -> None:
