@@ -337,6 +337,7 @@ class FileSystem:
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
         inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
         self.flusher.request_commit(cf, settle=True)
         return self.attr(inode)
 

@@ -633,6 +633,26 @@ def test_latest_symlink_is_an_object_with_target_body_and_metadata(work):
     assert work.keys() == {"latest", "step_2/", "step_2/model"}
 
 
+def test_symlink_updates_parent_mtime_and_ctime_like_create_mkdir_unlink(work):
+    old_ns = 1_500_000_000 * 10**9
+    makers = {
+        "symlink": lambda p: os.symlink("target", p),
+        "create": lambda p: p.write_bytes(b"x"),
+        "mkdir": os.mkdir,
+        "unlink": lambda p: (p.write_bytes(b"x"), os.utime(p.parent, ns=(old_ns, old_ns)),
+                             os.unlink(p)),
+    }
+    for what, make in makers.items():
+        parent = work.path / what
+        os.mkdir(parent)
+        os.utime(parent, ns=(old_ns, old_ns))
+        started_ns = time.time_ns()
+        make(parent / "entry")
+        st = os.stat(parent)
+        assert st.st_mtime_ns >= started_ns, f"{what} left the parent's mtime"
+        assert st.st_ctime_ns >= started_ns, f"{what} left the parent's ctime"
+
+
 def test_readlink_of_regular_file_is_einval(work):
     (work.path / "f").write_bytes(b"x")
     with pytest.raises(OSError) as exc:
