@@ -23,13 +23,14 @@ from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.layout import encode_attrs
+from lakefs_mount.layout import SPECIAL_TYPES, encode_attrs
 from lakefs_mount.namespace import (
     ROOT_INO,
     SMALL_OBJECT_MAX,
     Inode,
     Kind,
     Namespace,
+    kind_of,
     valid_name,
 )
 from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
@@ -72,6 +73,7 @@ class Attr:
     mtime_ns: int
     ctime_ns: int
     blocks: int
+    rdev: int = 0
 
 
 @dataclass
@@ -116,7 +118,8 @@ class FileSystem:
         mtime = inode.mtime_ns
         return Attr(ino=inode.ino, mode=inode.mode, nlink=2 if inode.is_dir else 1,
                     uid=inode.uid, gid=inode.gid, size=size, mtime_ns=mtime,
-                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512)
+                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512,
+                    rdev=inode.file.rdev if inode.file is not None else 0)
 
     def _inode(self, ino: int) -> Inode:
         try:
@@ -336,6 +339,26 @@ class FileSystem:
                         mtime_ns=time.time_ns(), symlink=target)
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
+        inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
+        self.flusher.request_commit(cf, settle=True)
+        return self.attr(inode)
+
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
+                    gid: int) -> Attr:
+        """A FIFO, device, UNIX socket (or empty regular file): a zero-byte object whose
+        mode carries the type (and metadata the device number). The kernel serves FIFOs,
+        sockets and devices itself; their content never reaches the daemon."""
+        file_type = stat.S_IFMT(mode) or stat.S_IFREG
+        if file_type not in SPECIAL_TYPES | {stat.S_IFREG}:
+            raise FSError(errno.EPERM, f"mknod of file type {file_type:o}")
+        parent = await self._new_name(parent_ino, name)
+        device = file_type in (stat.S_IFCHR, stat.S_IFBLK)
+        cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
+                        mode=file_type | (mode & 0o7777), uid=uid, gid=gid,
+                        mtime_ns=time.time_ns(), rdev=rdev if device else 0)
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, kind_of(cf), file=cf)
         inode.lookups += 1
         parent.dir_mtime_ns = cf.mtime_ns
         self.flusher.request_commit(cf, settle=True)

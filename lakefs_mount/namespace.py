@@ -21,7 +21,7 @@ import trio
 from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
-from lakefs_mount.layout import decode_attrs
+from lakefs_mount.layout import SPECIAL_TYPES, decode_attrs
 from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,14 @@ class Kind(enum.Enum):
     FILE = "file"
     DIR = "dir"
     SYMLINK = "symlink"
+    SPECIAL = "special"  # FIFO, device or UNIX socket: a zero-byte object the kernel serves
+
+
+def kind_of(cf: CachedFile) -> Kind:
+    """What a file's content and mode make it."""
+    if cf.symlink is not None or stat.S_ISLNK(cf.mode):
+        return Kind.SYMLINK
+    return Kind.SPECIAL if stat.S_IFMT(cf.mode) in SPECIAL_TYPES else Kind.FILE
 
 
 @dataclass(eq=False)
@@ -408,6 +416,7 @@ class Namespace:
             cf.uid = attrs.uid
         if attrs.gid is not None:
             cf.gid = attrs.gid
+        cf.rdev = attrs.rdev
         cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
         if cf.base_etag != info.etag:
             self.on_remote_change(cf)
@@ -415,8 +424,8 @@ class Namespace:
         cf.base_etag = info.etag
         cf.validated_at = time.monotonic()
         if attrs.is_symlink:
-            inode.kind = Kind.SYMLINK
             cf.mode = stat.S_IFLNK | 0o777
+        inode.kind = kind_of(cf)
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""
@@ -432,8 +441,7 @@ class Namespace:
         existing = self.child(parent, name)
         if existing is not None:
             self.detach(existing)
-        kind = Kind.SYMLINK if file.symlink is not None else Kind.FILE
-        return self.add(parent, name, kind, file=file)
+        return self.add(parent, name, kind_of(file), file=file)
 
 
 def valid_name(name: str) -> bool:

@@ -8,7 +8,10 @@ import errno
 import os
 import random
 import re
+import socket
 import stat
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -610,9 +613,134 @@ def test_hard_link_is_eperm(work):
     assert exc.value.errno == errno.EPERM
 
 
-def test_mknod_fifo_is_eperm(work):
-    with pytest.raises(PermissionError):
-        os.mkfifo(work.path / "fifo")
+# name -> (file type, permission bits, rdev): one of each special file, as mknod makes them
+SPECIAL_FILES = {
+    "fifo": (stat.S_IFIFO, 0o640, 0),
+    "char": (stat.S_IFCHR, 0o600, os.makedev(1, 3)),
+    "block": (stat.S_IFBLK, 0o660, os.makedev(7, 200)),
+    "sock": (stat.S_IFSOCK, 0o755, 0),
+}
+
+
+def make_special_files(directory: Path) -> None:
+    """mkfifo, mknod of a character and a block device, bind() of a UNIX socket; then the
+    modes of SPECIAL_FILES, whatever the umask."""
+    os.mkfifo(directory / "fifo")
+    for name in ("char", "block"):
+        file_type, _, rdev = SPECIAL_FILES[name]
+        os.mknod(directory / name, file_type | 0o600, rdev)
+    with contextlib.chdir(directory), socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("sock")  # a relative name: sun_path holds 108 bytes
+    for name, (_, perms, _) in SPECIAL_FILES.items():
+        os.chmod(directory / name, perms)
+
+
+def assert_special_files(directory: Path, uid: int = 0, gid: int = 0) -> None:
+    for name, (file_type, perms, rdev) in SPECIAL_FILES.items():
+        st = os.lstat(directory / name)
+        assert (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode)) == (file_type, perms), name
+        assert (st.st_rdev, st.st_size, st.st_uid, st.st_gid) == (rdev, 0, uid, gid), name
+
+
+def test_mkfifo_mknod_and_socket_are_zero_byte_objects_with_type_and_rdev_in_metadata(work):
+    make_special_files(work.path)
+    assert_special_files(work.path)
+    work.flush()
+    for name, (file_type, perms, rdev) in SPECIAL_FILES.items():
+        info = work.head(name)
+        assert info is not None and info.size == 0, name
+        assert int(info.metadata["mode"]) == file_type | perms, name
+        assert int(info.metadata.get("rdev", "0")) == rdev, name
+
+
+def test_mknod_of_a_regular_file_makes_an_empty_file(work):
+    os.mknod(work.path / "node", stat.S_IFREG | 0o600)
+    st = os.stat(work.path / "node")
+    assert (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size) == (
+        stat.S_IFREG, 0o600, 0)
+    work.flush()
+    assert work.head("node").size == 0
+
+
+def test_fifo_in_the_mount_carries_data_between_two_processes(work):
+    os.mkfifo(work.path / "pipe")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys; open(sys.argv[1], 'wb').write(b'through the fifo')",
+         str(work.path / "pipe")])
+    try:
+        with open(work.path / "pipe", "rb") as reader:
+            assert reader.read() == b"through the fifo"
+        assert writer.wait(timeout=30) == 0
+    finally:
+        writer.kill()
+    work.flush()
+    assert work.head("pipe").size == 0  # the kernel piped the bytes; S3 holds none
+
+
+def test_unix_socket_in_the_mount_binds_and_connects(work):
+    with contextlib.chdir(work.path), contextlib.ExitStack() as stack:
+        server = stack.enter_context(socket.socket(socket.AF_UNIX))
+        server.bind("s")
+        server.listen(1)
+        client = stack.enter_context(socket.socket(socket.AF_UNIX))
+        client.settimeout(10)
+        client.connect("s")
+        peer = stack.enter_context(server.accept()[0])
+        client.sendall(b"ping")
+        assert peer.recv(4) == b"ping"
+    assert stat.S_ISSOCK(os.lstat(work.path / "s").st_mode)
+
+
+def test_rename_unlink_chmod_chown_of_each_special_file(work):
+    make_special_files(work.path)
+    work.flush()
+    for name, (file_type, _, rdev) in SPECIAL_FILES.items():
+        os.chmod(work.path / name, 0o604)
+        os.chown(work.path / name, 11, 12)
+        os.rename(work.path / name, work.path / f"{name}.moved")
+        st = os.lstat(work.path / f"{name}.moved")
+        assert (st.st_mode, st.st_uid, st.st_gid, st.st_rdev) == (file_type | 0o604, 11, 12,
+                                                                  rdev), name
+    work.flush()
+    assert work.keys() == {f"{name}.moved" for name in SPECIAL_FILES}
+    for name, (file_type, _, rdev) in SPECIAL_FILES.items():
+        meta = work.head(f"{name}.moved").metadata
+        assert (int(meta["mode"]), meta["uid"], meta["gid"]) == (file_type | 0o604, "11", "12")
+        assert int(meta.get("rdev", "0")) == rdev
+        os.unlink(work.path / f"{name}.moved")
+    assert os.listdir(work.path) == []
+    work.flush()
+    assert work.keys() == set()
+
+
+def test_device_nodes_in_the_mount_never_open_a_device(work):
+    os.mknod(work.path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    with pytest.raises(PermissionError):  # the mount is nodev
+        os.open(work.path / "null", os.O_RDONLY)
+
+
+def test_special_files_survive_remount_with_same_and_with_empty_cache(mount_factory):
+    first = mount_factory()
+    make_special_files(first.path)
+    for name in SPECIAL_FILES:
+        os.chown(first.path / name, 1234, 5678)
+    unmounted(first)
+    first.start()  # the same cache directory
+    assert_special_files(first.path, 1234, 5678)
+    second = mount_factory(name="second")  # an empty one
+    assert sorted(os.listdir(second.path)) == sorted(SPECIAL_FILES)  # readdir first
+    assert_special_files(second.path, 1234, 5678)
+
+
+def test_device_created_just_before_a_crash_keeps_its_rdev(mount_factory, s3):
+    first = mount_factory("--commit-delay", "60")
+    os.mknod(first.path / "dev", stat.S_IFBLK | 0o640, os.makedev(8, 17))
+    first.kill9()  # before any commit: only the journal knows the device
+    first.start()
+    st = os.lstat(first.path / "dev")
+    assert (st.st_mode, st.st_rdev) == (stat.S_IFBLK | 0o640, os.makedev(8, 17))
+    flushed(first)
+    assert int(s3.head("dev").metadata["rdev"]) == os.makedev(8, 17)
 
 
 def test_latest_symlink_is_an_object_with_target_body_and_metadata(work):
