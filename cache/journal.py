@@ -32,7 +32,8 @@ uploads    every multipart upload this journal created and has not yet completed
 cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
            lets a remount reuse the warm cache. Ignored for fids that have a files row.
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
-meta       name/value pairs: next_fid, bucket, prefix, part_size.
+meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
+           dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.dirattrs import DirStat, sidecar_fits
 from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.layout import SPECIAL_TYPES, encode_attrs
 from lakefs_mount.namespace import (
@@ -137,7 +138,8 @@ class FileSystem:
         if len(os.fsencode(name)) > 255:
             raise FSError(errno.ENAMETOOLONG)
         existing = self.ns.child(parent, name)
-        if existing is not None and (existing.file is None or existing.file.pending):
+        if existing is not None and existing.headed and (
+                existing.file is None or existing.file.pending):
             return existing
         async with s3_errors(f"listing {self.ns.key_of(parent)}"):
             await self.ns.ensure_listed(parent)
@@ -177,10 +179,10 @@ class FileSystem:
         await self.getattr(ino)
         if mode is not None:
             mode = (inode.mode & ~0o7777) | (mode & 0o7777)
-        if inode.file is None:  # a directory: its marker object carries the attributes
+        if inode.file is None:  # a directory: its marker (or sidecar key) keeps them
             inode.set_attrs(mode, uid, gid, mtime_ns)
             if inode.ino != ROOT_INO:
-                await self._put_dir_marker(inode)
+                await self._save_dir_attrs(inode, replace=True)
             return self.attr(inode)
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
@@ -206,6 +208,16 @@ class FileSystem:
         async with s3_errors(f"PUT {key}"):
             await self.store.call(self.store.sync.put, key, b"", meta)
 
+    async def _save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
+        """Where the store drops a marker's metadata, the sidecar key (dirattrs) first,
+        then the marker with the attributes: a directory never shows up in S3 before its
+        attributes do, so no mount ever serves it looser than it was made."""
+        key = self.ns.key_of(inode)
+        if self.ns.dir_attrs is not None:
+            async with s3_errors(f"saving the attributes of {key}"):
+                await self.ns.dir_attrs.save(key, _dir_stat(inode), replace=replace)
+        await self._put_dir_marker(inode)
+
     async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
         self._writable_fs()
@@ -223,12 +235,23 @@ class FileSystem:
             raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
         if not valid_name(name):
             raise FSError(invalid or (errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL))
-        self._check_key(self.ns.key_of(parent) + name + ("/" if is_dir else ""))
+        if is_dir:
+            self._check_dir_key(self.ns.key_of(parent) + name + "/")
+        else:
+            self._check_key(self.ns.key_of(parent) + name)
 
     def _check_key(self, key: str) -> None:
         if not key_fits(key):
             raise FSError(errno.ENAMETOOLONG,
                           f"{key[:60]}... would need an S3 key over {MAX_KEY_BYTES} bytes")
+
+    def _check_dir_key(self, key: str) -> None:
+        """A directory's marker and, where the store needs one, its sidecar key must fit."""
+        dir_attrs = self.ns.dir_attrs
+        self._check_key(key)
+        if dir_attrs is not None and dir_attrs.sidecars and not sidecar_fits(key):
+            raise FSError(errno.ENAMETOOLONG, f"{key[:60]}... leaves no room in S3's "
+                          f"{MAX_KEY_BYTES} bytes for the key of its attributes")
 
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
         parent = await self._new_name(parent_ino, name, is_dir=True)
@@ -237,7 +260,7 @@ class FileSystem:
                             dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
         inode.listed_at = time.monotonic()  # a new directory is known to be empty
         try:
-            await self._put_dir_marker(inode)
+            await self._save_dir_attrs(inode, replace=False)
         except FSError:
             self.ns.detach(inode)
             raise
@@ -267,6 +290,8 @@ class FileSystem:
             raise FSError(errno.ENOTEMPTY)
         async with s3_errors(f"DELETE {key}"):
             await self.store.delete(key)
+        if self.ns.dir_attrs is not None:
+            await self.ns.dir_attrs.remove(key)
         self.ns.detach(inode)
 
     async def opendir(self, ino: int) -> int:
@@ -496,8 +521,11 @@ class FileSystem:
             # be rekeyed without being copied and stay behind under the old prefix
             async with s3_errors(f"listing {old_prefix}"):
                 objects = await self.store.list_recursive(old_prefix)
-            for key in [*(o.key for o in objects), *(cf.key for cf in files)]:
-                self._check_key(moved(key))  # before anything moves
+            dirs = [self.ns.key_of(d) for d in self.ns.descendants(inode) if d.is_dir]
+            for key in [*(o.key for o in objects), *(cf.key for cf in files), *dirs]:
+                # before anything moves
+                (self._check_dir_key if key.endswith("/") else self._check_key)(moved(key))
+            old_attrs, new_attrs = await self._copy_dir_attrs(inode, old_prefix, new_prefix)
             for cf in files:  # pending data follows the new names; bases stay until copied
                 await self._abandon_upload(cf)
                 await self.cache.rekey(cf, moved(cf.key), cf.base_key)
@@ -506,7 +534,7 @@ class FileSystem:
                     for obj in objects:
                         nursery.start_soon(self._copy_object, obj.key, moved(obj.key))
             except ExceptionGroup as group:
-                await self._delete_objects([moved(o.key) for o in objects])
+                await self._delete_objects([moved(o.key) for o in objects] + new_attrs)
                 for cf in files:
                     await self.cache.rekey(cf, old_prefix + cf.key[len(new_prefix):],
                                            cf.base_key)
@@ -519,9 +547,18 @@ class FileSystem:
         finally:
             for lock in locks:
                 lock.release()
-        await self._delete_objects([o.key for o in objects])
+        await self._delete_objects([o.key for o in objects] + old_attrs)
         if not any(o.key == old_prefix for o in objects):
             await self._put_dir_marker(inode)
+
+    async def _copy_dir_attrs(self, inode: Inode, old_prefix: str, new_prefix: str
+                              ) -> tuple[list[str], list[str]]:
+        """The attributes of a directory being renamed, and of those below it, at their
+        new place before any object moves (dirattrs.copy_tree)."""
+        if self.ns.dir_attrs is None:
+            return [], []
+        async with s3_errors(f"copying the directory attributes under {old_prefix}"):
+            return await self.ns.dir_attrs.copy_tree(old_prefix, new_prefix, _dir_stat(inode))
 
     async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
         raise FSError(errno.EPERM, "hard links are not supported")
@@ -747,3 +784,7 @@ class FileSystem:
         return {"bsize": BLOCK_SIZE, "blocks": total // BLOCK_SIZE,
                 "bfree": total // BLOCK_SIZE, "files": 1 << 32, "ffree": 1 << 32,
                 "namemax": 255}
+
+
+def _dir_stat(inode: Inode) -> DirStat:
+    return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)

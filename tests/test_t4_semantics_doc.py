@@ -143,6 +143,17 @@ def chmod_chown_utime(d: Path) -> None:
 
 
 @probe
+def dir_chmod_chown_utime(d: Path) -> None:
+    os.mkdir(d / "sub")
+    os.chmod(d / "sub", 0o700)
+    os.chown(d / "sub", 7, 8)
+    os.utime(d / "sub", ns=(1_000_000_000_000_000_123, 1_000_000_000_000_000_123))
+    st = os.stat(d / "sub")
+    _check((st.st_mode & 0o777, st.st_uid, st.st_gid, st.st_mtime_ns)
+           == (0o700, 7, 8, 1_000_000_000_000_000_123))
+
+
+@probe
 def getxattr(d: Path) -> None:
     os.getxattr(_file(d), "user.x")
 
