@@ -547,9 +547,22 @@ class FileSystem:
         finally:
             for lock in locks:
                 lock.release()
-        await self._delete_objects([o.key for o in objects] + old_attrs)
+        await self._delete_objects([o.key for o in objects if not o.key.endswith("/")]
+                                   + old_attrs)
+        await self._delete_folders(old_prefix, [o.key for o in objects])
         if not any(o.key == old_prefix for o in objects):
             await self._put_dir_marker(inode)
+
+    async def _delete_folders(self, prefix: str, keys: list[str]) -> None:
+        """The markers of a moved tree, and the folders that stores such as SeaweedFS keep
+        for its keys even where no marker was written, deepest first: such a store keeps a
+        folder that still holds anything, and lists it on as a directory."""
+        folders = {prefix}
+        for key in keys:
+            parts = key[len(prefix):].split("/")[:-1]
+            folders.update(prefix + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
+        for depth in sorted({f.count("/") for f in folders}, reverse=True):
+            await self._delete_objects([f for f in folders if f.count("/") == depth])
 
     async def _copy_dir_attrs(self, inode: Inode, old_prefix: str, new_prefix: str
                               ) -> tuple[list[str], list[str]]:

@@ -68,6 +68,7 @@ def test_a_renamed_directory_keeps_its_attributes_and_those_below_it(mount_facto
     second = mount_factory(name="second")
     assert {rel: stat.S_IMODE(os.stat(second.path / rel).st_mode)
             for rel in ("z", "z/b", "z/b/c")} == {"z": 0o711, "z/b": 0o700, "z/b/c": 0o750}
+    assert os.listdir(second.path) == ["z"]  # no folder of "a" left in SeaweedFS either
     assert not any(k.key.startswith((entry_folder("a/"), SIDECAR_ROOT + "a/"))
                    for k in s3.list_recursive(SIDECAR_ROOT))
 
