@@ -117,7 +117,7 @@ class FileSystem:
             self.cache.passthrough.refresh(inode.file)
         size = inode.size
         mtime = inode.mtime_ns
-        return Attr(ino=inode.ino, mode=inode.mode, nlink=2 if inode.is_dir else 1,
+        return Attr(ino=inode.ino, mode=inode.mode, nlink=_nlink(inode),
                     uid=inode.uid, gid=inode.gid, size=size, mtime_ns=mtime,
                     ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512,
                     rdev=inode.file.rdev if inode.file is not None else 0)
@@ -801,3 +801,11 @@ class FileSystem:
 
 def _dir_stat(inode: Inode) -> DirStat:
     return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
+
+
+def _nlink(inode: Inode) -> int:
+    """A directory: itself, its entry, and each subdirectory's ".." (those this mount knows
+    of); a file: its one name, none once unlinked (still open)."""
+    if inode.is_dir:
+        return 2 + inode.subdirs
+    return 0 if inode.file is not None and inode.file.unlinked else 1

@@ -62,6 +62,7 @@ class Inode:
     dir_gid: int = 0
     dir_mtime_ns: int = 0
     children: dict[str, int] = field(default_factory=dict)
+    subdirs: int = 0  # directories among the children: st_nlink is 2 + subdirs
     listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
     headed: bool = True  # False: attributes are listing defaults until a HEAD
     indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
@@ -174,7 +175,7 @@ class Namespace:
         if kind is Kind.DIR:
             inode.listed_at = 0.0
         self.inodes[ino] = inode
-        parent.children[name] = ino
+        self._set_child(parent, name, inode)
         return inode
 
     def add_listed_dir(self, parent: Inode, name: str) -> Inode:
@@ -189,18 +190,30 @@ class Namespace:
     def detach(self, inode: Inode) -> None:
         """Remove a name; the inode lives on while the kernel still references it."""
         parent = self.inodes.get(inode.parent)
-        if parent is not None and parent.children.get(inode.name) == inode.ino:
-            del parent.children[inode.name]
+        if parent is not None:
+            self._drop_child(parent, inode)
         if inode.lookups <= 0 and inode.ino != ROOT_INO:
             self.inodes.pop(inode.ino, None)
 
     def move(self, inode: Inode, new_parent: Inode, new_name: str) -> None:
-        old_parent = self.inodes[inode.parent]
-        if old_parent.children.get(inode.name) == inode.ino:
-            del old_parent.children[inode.name]
+        self._drop_child(self.inodes[inode.parent], inode)
         inode.parent, inode.name = new_parent.ino, new_name
-        new_parent.children[new_name] = inode.ino
+        self._set_child(new_parent, new_name, inode)
         inode.ctime_ns = time.time_ns()
+
+    def _set_child(self, parent: Inode, name: str, inode: Inode) -> None:
+        replaced = self.child(parent, name)
+        if replaced is not None and replaced.is_dir:
+            parent.subdirs -= 1
+        parent.children[name] = inode.ino
+        if inode.is_dir:
+            parent.subdirs += 1
+
+    def _drop_child(self, parent: Inode, inode: Inode) -> None:
+        if parent.children.get(inode.name) == inode.ino:
+            del parent.children[inode.name]
+            if inode.is_dir:
+                parent.subdirs -= 1
 
     def forget(self, ino: int, count: int) -> None:
         inode = self.inodes.get(ino)

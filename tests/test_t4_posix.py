@@ -410,6 +410,24 @@ def test_unlink_of_open_file_keeps_data_readable_until_close(work):
     assert "open" not in os.listdir(work.path)
 
 
+def test_a_file_unlinked_while_open_has_no_link_left(work):
+    with open(work.path / "f", "wb") as f:
+        assert os.fstat(f.fileno()).st_nlink == 1
+        os.unlink(work.path / "f")
+        assert os.fstat(f.fileno()).st_nlink == 0
+
+
+def test_a_directory_links_itself_and_each_subdirectory(work):
+    for rel in ("d", "d/a", "d/b", "e"):
+        os.mkdir(work.path / rel)
+    (work.path / "d" / "f").write_bytes(b"x")
+    assert os.stat(work.path / "d").st_nlink == 4  # ".", its name, and a/.. and b/..
+    os.rename(work.path / "d" / "a", work.path / "e" / "a")
+    assert (os.stat(work.path / "d").st_nlink, os.stat(work.path / "e").st_nlink) == (3, 3)
+    os.rmdir(work.path / "d" / "b")
+    assert os.stat(work.path / "d").st_nlink == 2
+
+
 def test_unlink_of_open_uncached_s3_object_keeps_data_readable(work):
     data = os.urandom(2 * MiB)
     work.s3.put(work.key("remote-open"), data, {})
