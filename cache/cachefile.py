@@ -45,7 +45,7 @@ class Chunk:
 
 @dataclass(eq=False)
 class CachedFile:
-    """One regular file (or symlink) with cached or pending content."""
+    """One regular file (or symlink, or special file) with cached or pending content."""
 
     key: str
     size: int
@@ -63,6 +63,7 @@ class CachedFile:
     upload_id: str | None = None
     upload_key: str | None = None
     symlink: str | None = None
+    rdev: int = 0  # device number of a character or block device
     chunks: dict[int, Chunk] = field(default_factory=dict)
     fetching: dict[int, trio.Event] = field(default_factory=dict)
     intent_pending: dict[int, trio.Event] = field(default_factory=dict)

@@ -201,7 +201,7 @@ class Flusher:
         return result
 
     def _metadata(self, cf: CachedFile) -> dict[str, str]:
-        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns)
+        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev)
         if cf.symlink is not None:
             meta[META_SYMLINK] = "1"
         return meta

@@ -19,6 +19,8 @@ files      one row per file whose content or attributes are not yet committed in
                passthrough), so any byte of it may be dirty whatever `chunks` says;
                set before such an open is answered, cleared with the chunk rows that
                bring `chunks` in line with the cache file. A commit keeps a row while set.
+  rdev         (v5) device number of a character or block device (mode says which);
+               0 for every other file
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
@@ -30,7 +32,8 @@ uploads    every multipart upload this journal created and has not yet completed
 cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
            lets a remount reuse the warm cache. Ignored for fids that have a files row.
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
-meta       name/value pairs: next_fid, bucket, prefix, part_size.
+meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
+           dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class PendingFile:
     upload_id: str | None = None
     upload_key: str | None = None
     symlink: str | None = None
+    rdev: int = 0
     intent_gen: int = 0  # how many intents the daemon had issued for the file
     passthrough: int = 0  # 1: the kernel may write the cache file directly
 
@@ -108,8 +112,12 @@ def _migrate_v4(db: sqlite_utils.Database) -> None:
     db["files"].add_column("passthrough", int, not_null_default=0)
 
 
+def _migrate_v5(db: sqlite_utils.Database) -> None:
+    db["files"].add_column("rdev", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5]
 
 
 @dataclass
@@ -247,9 +255,10 @@ class Journal:
             self._conn.execute("BEGIN")
             self._conn.execute(
                 "INSERT OR IGNORE INTO files(fid, key, size, mode, uid, gid, mtime_ns, base_key,"
-                " base_size, upload_id, upload_key, symlink) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                " base_size, upload_id, upload_key, symlink, rdev)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (fid, rec.key, rec.size, rec.mode, rec.uid, rec.gid, rec.mtime_ns, rec.base_key,
-                 rec.base_size, rec.upload_id, rec.upload_key, rec.symlink))
+                 rec.base_size, rec.upload_id, rec.upload_key, rec.symlink, rec.rdev))
             self._conn.execute("UPDATE files SET intent_gen=?, passthrough=? WHERE fid=?",
                                (rec.intent_gen, rec.passthrough, fid))
             self._conn.executemany(

@@ -211,7 +211,7 @@ class CacheManager:
         return PendingFile(intent_gen=cf.intent_gen,
             fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
             mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
-            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink,
+            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink, rdev=cf.rdev,
             passthrough=1 if cf.pt_writers else 0)
 
     async def new_file(self, cf: CachedFile) -> None:

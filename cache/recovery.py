@@ -86,8 +86,8 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
                     mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
                     base_size=rec.base_size or 0, upload_id=rec.upload_id,
-                    upload_key=rec.upload_key, symlink=rec.symlink, in_journal=True,
-                    intent_gen=rec.intent_gen)
+                    upload_key=rec.upload_key, symlink=rec.symlink, rdev=rec.rdev,
+                    in_journal=True, intent_gen=rec.intent_gen)
     chunks = await journal(journal.sync.chunks, rec.fid)
     remote_parts: dict[int, str] | None = None
     if cf.upload_id is not None and cf.upload_key is not None:

@@ -29,6 +29,7 @@ from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
 from lakefs_mount.control import serve_control
+from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.fs import FileSystem, FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
@@ -148,6 +149,7 @@ class Daemon:
             self.index = index = DirIndex(self.store, config.prefix, self.index_writer,
                                           self.ns.index_entries)
             self.ns.index = index
+            self.ns.dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             self.flusher.on_committed = lambda cf: self.ns.index_changed(
                 parent_dir_key(config.prefix, cf.key))
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,

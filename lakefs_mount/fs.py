@@ -22,14 +22,16 @@ from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.dirattrs import DirStat, sidecar_fits
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.layout import encode_attrs
+from lakefs_mount.layout import SPECIAL_TYPES, encode_attrs
 from lakefs_mount.namespace import (
     ROOT_INO,
     SMALL_OBJECT_MAX,
     Inode,
     Kind,
     Namespace,
+    kind_of,
     valid_name,
 )
 from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
@@ -72,6 +74,7 @@ class Attr:
     mtime_ns: int
     ctime_ns: int
     blocks: int
+    rdev: int = 0
 
 
 @dataclass
@@ -114,9 +117,10 @@ class FileSystem:
             self.cache.passthrough.refresh(inode.file)
         size = inode.size
         mtime = inode.mtime_ns
-        return Attr(ino=inode.ino, mode=inode.mode, nlink=2 if inode.is_dir else 1,
+        return Attr(ino=inode.ino, mode=inode.mode, nlink=_nlink(inode),
                     uid=inode.uid, gid=inode.gid, size=size, mtime_ns=mtime,
-                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512)
+                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512,
+                    rdev=inode.file.rdev if inode.file is not None else 0)
 
     def _inode(self, ino: int) -> Inode:
         try:
@@ -134,7 +138,8 @@ class FileSystem:
         if len(os.fsencode(name)) > 255:
             raise FSError(errno.ENAMETOOLONG)
         existing = self.ns.child(parent, name)
-        if existing is not None and (existing.file is None or existing.file.pending):
+        if existing is not None and existing.headed and (
+                existing.file is None or existing.file.pending):
             return existing
         async with s3_errors(f"listing {self.ns.key_of(parent)}"):
             await self.ns.ensure_listed(parent)
@@ -174,10 +179,10 @@ class FileSystem:
         await self.getattr(ino)
         if mode is not None:
             mode = (inode.mode & ~0o7777) | (mode & 0o7777)
-        if inode.file is None:  # a directory: its marker object carries the attributes
+        if inode.file is None:  # a directory: its marker (or sidecar key) keeps them
             inode.set_attrs(mode, uid, gid, mtime_ns)
             if inode.ino != ROOT_INO:
-                await self._put_dir_marker(inode)
+                await self._save_dir_attrs(inode, replace=True)
             return self.attr(inode)
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
@@ -203,6 +208,16 @@ class FileSystem:
         async with s3_errors(f"PUT {key}"):
             await self.store.call(self.store.sync.put, key, b"", meta)
 
+    async def _save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
+        """Where the store drops a marker's metadata, the sidecar key (dirattrs) first,
+        then the marker with the attributes: a directory never shows up in S3 before its
+        attributes do, so no mount ever serves it looser than it was made."""
+        key = self.ns.key_of(inode)
+        if self.ns.dir_attrs is not None:
+            async with s3_errors(f"saving the attributes of {key}"):
+                await self.ns.dir_attrs.save(key, _dir_stat(inode), replace=replace)
+        await self._put_dir_marker(inode)
+
     async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
         self._writable_fs()
@@ -220,12 +235,23 @@ class FileSystem:
             raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
         if not valid_name(name):
             raise FSError(invalid or (errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL))
-        self._check_key(self.ns.key_of(parent) + name + ("/" if is_dir else ""))
+        if is_dir:
+            self._check_dir_key(self.ns.key_of(parent) + name + "/")
+        else:
+            self._check_key(self.ns.key_of(parent) + name)
 
     def _check_key(self, key: str) -> None:
         if not key_fits(key):
             raise FSError(errno.ENAMETOOLONG,
                           f"{key[:60]}... would need an S3 key over {MAX_KEY_BYTES} bytes")
+
+    def _check_dir_key(self, key: str) -> None:
+        """A directory's marker and, where the store needs one, its sidecar key must fit."""
+        dir_attrs = self.ns.dir_attrs
+        self._check_key(key)
+        if dir_attrs is not None and dir_attrs.sidecars and not sidecar_fits(key):
+            raise FSError(errno.ENAMETOOLONG, f"{key[:60]}... leaves no room in S3's "
+                          f"{MAX_KEY_BYTES} bytes for the key of its attributes")
 
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
         parent = await self._new_name(parent_ino, name, is_dir=True)
@@ -234,7 +260,7 @@ class FileSystem:
                             dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
         inode.listed_at = time.monotonic()  # a new directory is known to be empty
         try:
-            await self._put_dir_marker(inode)
+            await self._save_dir_attrs(inode, replace=False)
         except FSError:
             self.ns.detach(inode)
             raise
@@ -264,6 +290,8 @@ class FileSystem:
             raise FSError(errno.ENOTEMPTY)
         async with s3_errors(f"DELETE {key}"):
             await self.store.delete(key)
+        if self.ns.dir_attrs is not None:
+            await self.ns.dir_attrs.remove(key)
         self.ns.detach(inode)
 
     async def opendir(self, ino: int) -> int:
@@ -337,6 +365,27 @@ class FileSystem:
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
         inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
+        self.flusher.request_commit(cf, settle=True)
+        return self.attr(inode)
+
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
+                    gid: int) -> Attr:
+        """A FIFO, device, UNIX socket (or empty regular file): a zero-byte object whose
+        mode carries the type (and metadata the device number). The kernel serves FIFOs,
+        sockets and devices itself; their content never reaches the daemon."""
+        file_type = stat.S_IFMT(mode) or stat.S_IFREG
+        if file_type not in SPECIAL_TYPES | {stat.S_IFREG}:
+            raise FSError(errno.EPERM, f"mknod of file type {file_type:o}")
+        parent = await self._new_name(parent_ino, name)
+        device = file_type in (stat.S_IFCHR, stat.S_IFBLK)
+        cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
+                        mode=file_type | (mode & 0o7777), uid=uid, gid=gid,
+                        mtime_ns=time.time_ns(), rdev=rdev if device else 0)
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, kind_of(cf), file=cf)
+        inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
         self.flusher.request_commit(cf, settle=True)
         return self.attr(inode)
 
@@ -472,8 +521,11 @@ class FileSystem:
             # be rekeyed without being copied and stay behind under the old prefix
             async with s3_errors(f"listing {old_prefix}"):
                 objects = await self.store.list_recursive(old_prefix)
-            for key in [*(o.key for o in objects), *(cf.key for cf in files)]:
-                self._check_key(moved(key))  # before anything moves
+            dirs = [self.ns.key_of(d) for d in self.ns.descendants(inode) if d.is_dir]
+            for key in [*(o.key for o in objects), *(cf.key for cf in files), *dirs]:
+                # before anything moves
+                (self._check_dir_key if key.endswith("/") else self._check_key)(moved(key))
+            old_attrs, new_attrs = await self._copy_dir_attrs(inode, old_prefix, new_prefix)
             for cf in files:  # pending data follows the new names; bases stay until copied
                 await self._abandon_upload(cf)
                 await self.cache.rekey(cf, moved(cf.key), cf.base_key)
@@ -482,7 +534,7 @@ class FileSystem:
                     for obj in objects:
                         nursery.start_soon(self._copy_object, obj.key, moved(obj.key))
             except ExceptionGroup as group:
-                await self._delete_objects([moved(o.key) for o in objects])
+                await self._delete_objects([moved(o.key) for o in objects] + new_attrs)
                 for cf in files:
                     await self.cache.rekey(cf, old_prefix + cf.key[len(new_prefix):],
                                            cf.base_key)
@@ -495,9 +547,31 @@ class FileSystem:
         finally:
             for lock in locks:
                 lock.release()
-        await self._delete_objects([o.key for o in objects])
+        await self._delete_objects([o.key for o in objects if not o.key.endswith("/")]
+                                   + old_attrs)
+        await self._delete_folders(old_prefix, [o.key for o in objects])
         if not any(o.key == old_prefix for o in objects):
             await self._put_dir_marker(inode)
+
+    async def _delete_folders(self, prefix: str, keys: list[str]) -> None:
+        """The markers of a moved tree, and the folders that stores such as SeaweedFS keep
+        for its keys even where no marker was written, deepest first: such a store keeps a
+        folder that still holds anything, and lists it on as a directory."""
+        folders = {prefix}
+        for key in keys:
+            parts = key[len(prefix):].split("/")[:-1]
+            folders.update(prefix + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
+        for depth in sorted({f.count("/") for f in folders}, reverse=True):
+            await self._delete_objects([f for f in folders if f.count("/") == depth])
+
+    async def _copy_dir_attrs(self, inode: Inode, old_prefix: str, new_prefix: str
+                              ) -> tuple[list[str], list[str]]:
+        """The attributes of a directory being renamed, and of those below it, at their
+        new place before any object moves (dirattrs.copy_tree)."""
+        if self.ns.dir_attrs is None:
+            return [], []
+        async with s3_errors(f"copying the directory attributes under {old_prefix}"):
+            return await self.ns.dir_attrs.copy_tree(old_prefix, new_prefix, _dir_stat(inode))
 
     async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
         raise FSError(errno.EPERM, "hard links are not supported")
@@ -723,3 +797,15 @@ class FileSystem:
         return {"bsize": BLOCK_SIZE, "blocks": total // BLOCK_SIZE,
                 "bfree": total // BLOCK_SIZE, "files": 1 << 32, "ffree": 1 << 32,
                 "namemax": 255}
+
+
+def _dir_stat(inode: Inode) -> DirStat:
+    return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
+
+
+def _nlink(inode: Inode) -> int:
+    """A directory: itself, its entry, and each subdirectory's ".." (those this mount knows
+    of); a file: its one name, none once unlinked (still open)."""
+    if inode.is_dir:
+        return 2 + inode.subdirs
+    return 0 if inode.file is not None and inode.file.unlinked else 1

@@ -31,7 +31,7 @@ def entry(attr: Attr) -> pyfuse3.EntryAttributes:
     e.st_nlink = attr.nlink
     e.st_uid = attr.uid
     e.st_gid = attr.gid
-    e.st_rdev = 0
+    e.st_rdev = attr.rdev
     e.st_size = attr.size
     e.st_blksize = BLKSIZE
     e.st_blocks = attr.blocks
@@ -89,7 +89,8 @@ class FuseOperations(pyfuse3.Operations):
         return os.fsencode(await _call(self.fs.readlink, inode))
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EPERM)
+        return entry(await _call(self.fs.mknod, parent_inode, _name(name), mode, rdev, ctx.uid,
+                                 ctx.gid))
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         return entry(await _call(self.fs.mkdir, parent_inode, _name(name), mode, ctx.uid,
@@ -185,7 +186,9 @@ class Pyfuse3Session:
     def __init__(self, fs: FileSystem, mountpoint: str, *, allow_other: bool,
                  read_only: bool) -> None:
         self.options = set(pyfuse3.default_options)
-        self.options |= {"fsname=lakefs-mount", "subtype=lakefs"}
+        # nodev, as the native session: a device node is a few bytes of metadata anyone who
+        # writes the bucket can set; it must never open a device of this machine.
+        self.options |= {"fsname=lakefs-mount", "subtype=lakefs", "nodev"}
         if allow_other:
             self.options.add("allow_other")
         if read_only:

@@ -23,6 +23,11 @@ META_UID = "uid"
 META_GID = "gid"
 META_MTIME = "mtime"
 META_SYMLINK = "symlink"  # "1" marks an object whose body is a symlink target
+META_RDEV = "rdev"  # device number of a character or block device (as s3fs writes it)
+# File types a zero-byte object may carry in its mode: FIFOs, devices, UNIX sockets.
+SPECIAL_TYPES = frozenset({stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK})
+# File types an object may claim: anything else in its mode reads as a regular file.
+OBJECT_TYPES = SPECIAL_TYPES | {stat.S_IFREG, stat.S_IFLNK}
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,16 @@ def dir_marker_key(prefix: str, path: str) -> str:
     return prefix + path + "/" if path else prefix
 
 
-def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int) -> dict[str, str]:
-    return {
+def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int, rdev: int = 0) -> dict[str, str]:
+    meta = {
         META_MODE: str(mode),
         META_UID: str(uid),
         META_GID: str(gid),
         META_MTIME: f"{mtime_ns // 10**9}.{mtime_ns % 10**9:09d}",
     }
+    if rdev:
+        meta[META_RDEV] = str(rdev)
+    return meta
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class DecodedAttrs:
     gid: int | None
     mtime_ns: int | None
     is_symlink: bool
+    rdev: int = 0
 
 
 def _parse_mtime_ns(text: str | None) -> int | None:
@@ -129,5 +138,9 @@ def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
 
     mtime_ns = _parse_mtime_ns(meta.get(META_MTIME))
     mode = as_int(META_MODE)
+    if mode is not None and stat.S_IFMT(mode) not in OBJECT_TYPES:
+        mode = stat.S_IFREG | stat.S_IMODE(mode)  # no object may pose as a directory
     is_link = meta.get(META_SYMLINK) == "1" or (mode is not None and stat.S_ISLNK(mode))
-    return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link)
+    special = mode is not None and stat.S_IFMT(mode) in (stat.S_IFCHR, stat.S_IFBLK)
+    rdev = (as_int(META_RDEV) or 0) if special else 0
+    return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link, rdev)

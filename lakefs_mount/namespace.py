@@ -20,8 +20,9 @@ import trio
 
 from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
-from lakefs_mount.layout import decode_attrs
+from lakefs_mount.layout import SPECIAL_TYPES, decode_attrs
 from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,14 @@ class Kind(enum.Enum):
     FILE = "file"
     DIR = "dir"
     SYMLINK = "symlink"
+    SPECIAL = "special"  # FIFO, device or UNIX socket: a zero-byte object the kernel serves
+
+
+def kind_of(cf: CachedFile) -> Kind:
+    """What a file's content and mode make it."""
+    if cf.symlink is not None or stat.S_ISLNK(cf.mode):
+        return Kind.SYMLINK
+    return Kind.SPECIAL if stat.S_IFMT(cf.mode) in SPECIAL_TYPES else Kind.FILE
 
 
 @dataclass(eq=False)
@@ -53,6 +62,7 @@ class Inode:
     dir_gid: int = 0
     dir_mtime_ns: int = 0
     children: dict[str, int] = field(default_factory=dict)
+    subdirs: int = 0  # directories among the children: st_nlink is 2 + subdirs
     listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
     headed: bool = True  # False: attributes are listing defaults until a HEAD
     indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
@@ -114,6 +124,8 @@ class Namespace:
         self.fetch_small_object: Callable[[CachedFile], Awaitable[ObjectInfo | None]] | None = None
         # Directories' attribute indexes (None: HEAD every listed file before readdir).
         self.index: DirIndex | None = None
+        # Where directories' own attributes are kept (None: listed directories show defaults).
+        self.dir_attrs: DirAttrs | None = None
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -163,24 +175,45 @@ class Namespace:
         if kind is Kind.DIR:
             inode.listed_at = 0.0
         self.inodes[ino] = inode
-        parent.children[name] = ino
+        self._set_child(parent, name, inode)
+        return inode
+
+    def add_listed_dir(self, parent: Inode, name: str) -> Inode:
+        """A directory that S3 (or the journal) has: its attributes are loaded before the
+        kernel sees it (ensure_headed); till then the mount's owner and defaults."""
+        uid, gid = self.owner
+        inode = self.add(parent, name, Kind.DIR, dir_uid=uid, dir_gid=gid,
+                         dir_mtime_ns=time.time_ns())
+        inode.headed = False
         return inode
 
     def detach(self, inode: Inode) -> None:
         """Remove a name; the inode lives on while the kernel still references it."""
         parent = self.inodes.get(inode.parent)
-        if parent is not None and parent.children.get(inode.name) == inode.ino:
-            del parent.children[inode.name]
+        if parent is not None:
+            self._drop_child(parent, inode)
         if inode.lookups <= 0 and inode.ino != ROOT_INO:
             self.inodes.pop(inode.ino, None)
 
     def move(self, inode: Inode, new_parent: Inode, new_name: str) -> None:
-        old_parent = self.inodes[inode.parent]
-        if old_parent.children.get(inode.name) == inode.ino:
-            del old_parent.children[inode.name]
+        self._drop_child(self.inodes[inode.parent], inode)
         inode.parent, inode.name = new_parent.ino, new_name
-        new_parent.children[new_name] = inode.ino
+        self._set_child(new_parent, new_name, inode)
         inode.ctime_ns = time.time_ns()
+
+    def _set_child(self, parent: Inode, name: str, inode: Inode) -> None:
+        replaced = self.child(parent, name)
+        if replaced is not None and replaced.is_dir:
+            parent.subdirs -= 1
+        parent.children[name] = inode.ino
+        if inode.is_dir:
+            parent.subdirs += 1
+
+    def _drop_child(self, parent: Inode, inode: Inode) -> None:
+        if parent.children.get(inode.name) == inode.ino:
+            del parent.children[inode.name]
+            if inode.is_dir:
+                parent.subdirs -= 1
 
     def forget(self, ino: int, count: int) -> None:
         inode = self.inodes.get(ino)
@@ -257,9 +290,7 @@ class Namespace:
                 continue
             seen.add(name)
             if self.child(dir_inode, name) is None:
-                uid, gid = self.owner
-                self.add(dir_inode, name, Kind.DIR, dir_uid=uid, dir_gid=gid,
-                         dir_mtime_ns=time.time_ns())
+                self.add_listed_dir(dir_inode, name)
         for obj in listing.objects:
             name = obj.key[len(prefix):]
             if not valid_name(name):
@@ -311,7 +342,16 @@ class Namespace:
         """Attributes from the object's metadata (mode, owner, mtime, symlink); with_body
         (a lookup by name), a small object comes whole, its bytes go to the cache."""
         cf = inode.file
-        if inode.headed or cf is None:
+        if inode.headed:
+            return
+        if cf is None:
+            parent = self.inodes.get(inode.parent)
+            if parent is None:
+                inode.headed = True
+            elif self.dir_attrs is not None and self.dir_attrs.lists_siblings:
+                await self._head_dirs(parent, self._unheaded_dirs(parent))
+            else:
+                await self._head_dirs(parent, [inode])
             return
         fetch = self.fetch_small_object
         if (fetch is not None and with_body and not cf.pending
@@ -332,6 +372,9 @@ class Namespace:
         neither a symlink from a file nor the stored mode, and the kernel refuses an inode
         whose type changes later (EIO). The HEADs run concurrently, bounded.
         """
+        dirs = self._unheaded_dirs(dir_inode)
+        if dirs:
+            await self._head_dirs(dir_inode, dirs)
         todo = await self._apply_index(dir_inode)
         if not todo:
             return
@@ -348,11 +391,42 @@ class Namespace:
         except ExceptionGroup as group:
             raise group.exceptions[0] from group
 
+    async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
+        """Stored attributes of subdirectories (see dirattrs). One that S3 cannot tell
+        about right now is served 0700 and the mount's owner, never looser than it was
+        given, and asked again at its next lookup."""
+        if self.dir_attrs is None:
+            for inode in dirs:
+                inode.headed = True
+            return
+        try:
+            found = await self.dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
+        except ObjectStoreError as exc:
+            log.warning("attributes of directories in %s not read (%s): served 0700 until "
+                        "they are", self.key_of(parent), exc)
+            for inode in dirs:
+                inode.dir_mode = stat.S_IFDIR | 0o700
+                inode.dir_uid, inode.dir_gid = self.owner
+            return
+        for inode in dirs:
+            attrs = found.get(inode.name)
+            if attrs is None:  # never given any: the defaults (also after a failed read)
+                inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
+            else:
+                inode.dir_mode, inode.dir_uid, inode.dir_gid = attrs.mode, attrs.uid, attrs.gid
+                inode.dir_mtime_ns = attrs.mtime_ns
+            inode.headed = True
+
+    def _unheaded_dirs(self, parent: Inode) -> list[Inode]:
+        children = (self.inodes.get(ino) for ino in parent.children.values())
+        return [c for c in children if c is not None and c.is_dir and not c.headed]
+
     async def _apply_index(self, dir_inode: Inode) -> list[Inode]:
         """Attributes of listed files from the directory's indexes, where an entry matches
         the listed ETag and size (and writers agree); returns the files still unheaded."""
         todo = [self.inodes[ino] for ino in dir_inode.children.values()
-                if ino in self.inodes and not self.inodes[ino].headed]
+                if ino in self.inodes and not self.inodes[ino].headed
+                and self.inodes[ino].file is not None]
         if not todo or self.index is None or dir_inode.indexed_at == dir_inode.listed_at:
             return todo  # (the indexes were read since the last listing)
         dir_inode.indexed_at = dir_inode.listed_at
@@ -408,6 +482,7 @@ class Namespace:
             cf.uid = attrs.uid
         if attrs.gid is not None:
             cf.gid = attrs.gid
+        cf.rdev = attrs.rdev
         cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
         if cf.base_etag != info.etag:
             self.on_remote_change(cf)
@@ -415,8 +490,8 @@ class Namespace:
         cf.base_etag = info.etag
         cf.validated_at = time.monotonic()
         if attrs.is_symlink:
-            inode.kind = Kind.SYMLINK
             cf.mode = stat.S_IFLNK | 0o777
+        inode.kind = kind_of(cf)
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""
@@ -425,15 +500,12 @@ class Namespace:
         for part in dirs:
             child = self.child(parent, part)
             if child is None or not child.is_dir:
-                uid, gid = self.owner
-                child = self.add(parent, part, Kind.DIR, dir_uid=uid, dir_gid=gid,
-                                 dir_mtime_ns=time.time_ns())
+                child = self.add_listed_dir(parent, part)
             parent = child
         existing = self.child(parent, name)
         if existing is not None:
             self.detach(existing)
-        kind = Kind.SYMLINK if file.symlink is not None else Kind.FILE
-        return self.add(parent, name, kind, file=file)
+        return self.add(parent, name, kind_of(file), file=file)
 
 
 def valid_name(name: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -60,6 +61,18 @@ def test_attributes_roundtrip_through_metadata():
     assert (attrs.mode, attrs.uid, attrs.gid) == (stat.S_IFREG | 0o640, 1000, 100)
     assert abs(attrs.mtime_ns - 1_700_000_000_123_456_789) < 1000
     assert not attrs.is_symlink
+
+
+def test_device_number_travels_only_with_devices():
+    meta = encode_attrs(stat.S_IFBLK | 0o660, 0, 6, 1, os.makedev(8, 1))
+    assert decode_attrs(meta).rdev == os.makedev(8, 1)
+    assert "rdev" not in encode_attrs(stat.S_IFIFO | 0o644, 0, 0, 1)
+    assert decode_attrs({"mode": str(stat.S_IFIFO | 0o644), "rdev": "5"}).rdev == 0
+
+
+def test_a_mode_that_names_a_directory_or_no_known_type_decodes_as_a_regular_file():
+    for mode in (stat.S_IFDIR | 0o700, 0o050000 | 0o644):  # 0o05: no file type
+        assert decode_attrs({"mode": str(mode)}).mode == stat.S_IFREG | stat.S_IMODE(mode)
 
 
 def test_foreign_objects_without_metadata_decode_to_defaults():

@@ -109,7 +109,18 @@ def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
     j.close()
     again = Journal(tmp_path / "j.db")
     assert len(again.pending_files()) == 1
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 5
+
+
+def test_a_device_row_keeps_its_rdev_through_intent_and_replacement(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    rec = PendingFile(j.allocate_fid(), "dev", 0, stat.S_IFCHR | 0o600, 0, 0, 1,
+                      rdev=os.makedev(1, 3))
+    j.mark_dirty(rec, [0])
+    assert j.pending_files()[0].rdev == os.makedev(1, 3)
+    j.put_file(PendingFile(**{**vars(rec), "mode": stat.S_IFCHR | 0o640}))
+    assert (j.pending_files()[0].mode, j.pending_files()[0].rdev) == (
+        stat.S_IFCHR | 0o640, os.makedev(1, 3))
 
 
 def test_warm_cache_rows_list_clean_chunks_of_files_with_nothing_pending(tmp_path):

@@ -77,3 +77,25 @@ def test_with_allow_other_modes_are_enforced_for_other_users(public_root, bucket
         assert shared.read_bytes() == b"for everyone!"
     finally:
         m.cleanup()
+
+
+def test_a_private_directory_stays_private_to_other_users_after_a_remount(
+        public_root, bucket, s3_server):
+    """SeaweedFS keeps no metadata on the `private/` marker: the mount keeps it elsewhere."""
+    first = _mount(public_root, bucket, s3_server.endpoint_url, "--allow-other")
+    try:
+        for name, mode in (("private", 0o700), ("shared", 0o755)):
+            (first.path / name).mkdir()
+            (first.path / name / "f").write_bytes(b"secret")
+            os.chmod(first.path / name, mode)
+        assert first.unmount().returncode == 0
+    finally:
+        first.cleanup()
+    second = _mount(public_root, bucket, s3_server.endpoint_url, "--allow-other")  # new cache
+    try:
+        denied = _as_nobody(f"ls '{second.path / 'private'}'")
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+        allowed = _as_nobody(f"cat '{second.path / 'shared' / 'f'}'")
+        assert allowed.returncode == 0 and allowed.stdout == "secret"
+    finally:
+        second.cleanup()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import mmap
 import os
 import re
+import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,6 +143,17 @@ def chmod_chown_utime(d: Path) -> None:
 
 
 @probe
+def dir_chmod_chown_utime(d: Path) -> None:
+    os.mkdir(d / "sub")
+    os.chmod(d / "sub", 0o700)
+    os.chown(d / "sub", 7, 8)
+    os.utime(d / "sub", ns=(1_000_000_000_000_000_123, 1_000_000_000_000_000_123))
+    st = os.stat(d / "sub")
+    _check((st.st_mode & 0o777, st.st_uid, st.st_gid, st.st_mtime_ns)
+           == (0o700, 7, 8, 1_000_000_000_000_000_123))
+
+
+@probe
 def getxattr(d: Path) -> None:
     os.getxattr(_file(d), "user.x")
 
@@ -167,11 +181,52 @@ def hard_link(d: Path) -> None:
 @probe
 def mkfifo(d: Path) -> None:
     os.mkfifo(d / "fifo")
+    _check(stat.S_ISFIFO(os.stat(d / "fifo").st_mode))
+
+
+@probe
+def fifo_read_write(d: Path) -> None:
+    os.mkfifo(d / "fifo")
+    fd = os.open(d / "fifo", os.O_RDWR)  # both ends at once: the open does not block
+    try:
+        os.write(fd, b"piped")
+        _check(os.read(fd, 5) == b"piped")
+    finally:
+        os.close(fd)
 
 
 @probe
 def mknod_regular(d: Path) -> None:
-    os.mknod(d / "node", 0o600 | 0o100000)
+    os.mknod(d / "node", 0o600 | stat.S_IFREG)
+    _check(stat.S_ISREG(os.stat(d / "node").st_mode))
+
+
+@probe
+def mknod_char_device(d: Path) -> None:
+    os.mknod(d / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    _check(os.stat(d / "null").st_rdev == os.makedev(1, 3))
+
+
+@probe
+def mknod_block_device(d: Path) -> None:
+    os.mknod(d / "loop", 0o600 | stat.S_IFBLK, os.makedev(7, 0))
+    _check(os.stat(d / "loop").st_rdev == os.makedev(7, 0))
+
+
+@probe
+def open_device(d: Path) -> None:
+    os.mknod(d / "zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+    os.close(os.open(d / "zero", os.O_RDONLY))
+
+
+@probe
+def unix_socket_bind_connect(d: Path) -> None:
+    with contextlib.chdir(d), socket.socket(socket.AF_UNIX) as server, \
+            socket.socket(socket.AF_UNIX) as client:
+        server.bind("s")  # relative: sun_path holds 108 bytes
+        server.listen(1)
+        client.connect("s")
+        _check(stat.S_ISSOCK(os.stat("s").st_mode))
 
 
 @probe

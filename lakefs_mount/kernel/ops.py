@@ -27,7 +27,7 @@ _VALID_S, _VALID_NS = wire.split_valid(ATTR_TIMEOUT)
 
 def pack_attr(a: Attr) -> bytes:
     return wire.pack_attr(a.ino, a.size, a.blocks, a.mtime_ns, a.ctime_ns, a.mode, a.nlink,
-                          a.uid, a.gid, 0, BLKSIZE)
+                          a.uid, a.gid, a.rdev, BLKSIZE)
 
 
 def entry_out(a: Attr) -> bytes:
@@ -167,7 +167,10 @@ class KernelOps:
                                                req.uid, req.gid))
 
     async def mknod(self, req: Request) -> Reply:
-        return errno.EPERM
+        mode, rdev, _umask, _ = wire.MKNOD_IN.unpack_from(req.arg)
+        (name,) = wire.names(req.arg[wire.MKNOD_IN.size:], 1)
+        return entry_out(await self.fs.mknod(req.nodeid, _name(name), mode, rdev, req.uid,
+                                             req.gid))
 
     async def mkdir(self, req: Request) -> Reply:
         mode, _umask = wire.MKDIR_IN.unpack_from(req.arg)

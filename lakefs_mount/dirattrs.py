@@ -1,0 +1,217 @@
+"""Directory attributes in S3 that survive a remount, on any S3 store.
+
+A directory's mode, owner and mtime go on its `dir/` marker as user metadata, as s3fs and
+rclone read them. Some stores drop user metadata on keys ending in "/" (SeaweedFS: its
+filer turns such a key into a folder), so a mount asks once per cache directory (probe, the
+answer kept in the journal) and, where markers lose it, also writes a sidecar key that holds
+the attributes in its name:
+
+    .lakefs-mount/dirs/<parent key>.lakefs-mount/<name>/<mode>.<uid>.<gid>.<mtime_ns>
+
+at the bucket root, whatever the mount's prefix, so mounts of different prefixes agree. One
+listing of a parent's sidecar folder gives the attributes of all its subdirectories (no
+HEAD, no GET per directory). No directory can be named `.lakefs-mount`, so no sidecar key is
+ever also a folder (SeaweedFS refuses that). Where a name holds several sidecar keys (a
+crash between writing the new one and deleting the old, or two nodes), the newest wins, and
+of equally new ones the one that grants the fewest permissions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+
+import trio
+
+from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount.cache.journal import AsyncJournal
+from lakefs_mount.dirindex import RESERVED_NAME
+from lakefs_mount.layout import decode_attrs
+from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectInfo, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+SIDECAR_ROOT = RESERVED_NAME + "/dirs/"
+CHILDREN = RESERVED_NAME + "/"  # after a directory's key: the folder of its children's keys
+PROBE_META = "lakefs-mount-probe"
+JOURNAL_META = "dir_markers_keep_metadata"  # "1" or "0", the probe's answer
+# The longest sidecar key beyond its directory's own key: the two folders, a "/" and the
+# longest name of a mode, uid, gid and mtime.
+SIDECAR_OVERHEAD = len(SIDECAR_ROOT) + len(CHILDREN) + 1 + len("65535.4294967295.4294967295.") + 20
+HEAD_CONCURRENCY = 32
+
+
+@dataclass(frozen=True)
+class DirStat:
+    """What a directory's sidecar key stores."""
+
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+
+    def leaf(self) -> str:
+        return f"{self.mode}.{self.uid}.{self.gid}.{self.mtime_ns}"
+
+    @staticmethod
+    def parse(leaf: str) -> DirStat | None:
+        try:
+            mode, uid, gid, mtime_ns = (int(part) for part in leaf.split("."))
+        except ValueError:
+            return None
+        return DirStat(mode, uid, gid, mtime_ns) if stat.S_ISDIR(mode) else None
+
+
+def _split(dir_key: str) -> tuple[str, str]:
+    """'a/b/' -> ('a/', 'b')."""
+    head, _, name = dir_key.rstrip("/").rpartition("/")
+    return head + "/" if head else "", name
+
+
+def entry_folder(dir_key: str) -> str:
+    """Where the sidecar key of the directory `dir_key` ('a/b/') lives."""
+    parent, name = _split(dir_key)
+    return SIDECAR_ROOT + parent + CHILDREN + name + "/"
+
+
+def sidecar_fits(dir_key: str) -> bool:
+    return len(os.fsencode(dir_key)) + SIDECAR_OVERHEAD <= MAX_KEY_BYTES
+
+
+def _newest(candidates: list[tuple[ObjectInfo, DirStat]]) -> DirStat:
+    """The newest; of equally new ones, the one granting the fewest permission bits."""
+    return max(candidates,
+               key=lambda c: (c[0].mtime, -bin(stat.S_IMODE(c[1].mode)).count("1")))[1]
+
+
+class DirAttrs:
+    """Reads and writes directory attributes; `keeps_marker_metadata` is the probe's answer
+    (None: unknown, so both places are read and the sidecar is written)."""
+
+    def __init__(self, store: AsyncStore, keeps_marker_metadata: bool | None) -> None:
+        self.store = store
+        self.keeps_marker_metadata = keeps_marker_metadata
+
+    @property
+    def sidecars(self) -> bool:
+        return self.keeps_marker_metadata is not True
+
+    @property
+    def lists_siblings(self) -> bool:
+        """One request reads every subdirectory of a parent (no HEAD per marker)."""
+        return self.keeps_marker_metadata is False
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def load(self, parent_key: str, names: list[str]) -> dict[str, DirStat]:
+        """Stored attributes of the subdirectories `names` of `parent_key`; a name without
+        any is left out. ObjectStoreError when S3 cannot say."""
+        found: dict[str, DirStat] = {}
+        if self.sidecars:
+            found = await self._load_sidecars(parent_key)
+        if self.keeps_marker_metadata is not False:
+            missing = [name for name in names if name not in found]
+            found.update(await self._load_markers(parent_key, missing))
+        return {name: found[name] for name in names if name in found}
+
+    async def _load_sidecars(self, parent_key: str) -> dict[str, DirStat]:
+        folder = SIDECAR_ROOT + parent_key + CHILDREN
+        candidates: dict[str, list[tuple[ObjectInfo, DirStat]]] = {}
+        for obj in await self.store.list_recursive(folder):
+            name, sep, leaf = obj.key[len(folder):].partition("/")
+            parsed = DirStat.parse(leaf) if sep and "/" not in leaf else None
+            if parsed is not None:
+                candidates.setdefault(name, []).append((obj, parsed))
+        return {name: _newest(found) for name, found in candidates.items()}
+
+    async def _load_markers(self, parent_key: str, names: list[str]) -> dict[str, DirStat]:
+        found: dict[str, DirStat] = {}
+        limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
+
+        async def head(name: str) -> None:
+            async with limiter:
+                info = await self.store.head(parent_key + name + "/")
+            attrs = decode_attrs(info.metadata) if info is not None else None
+            if attrs is not None and attrs.mode is not None:
+                found[name] = DirStat(stat.S_IFDIR | stat.S_IMODE(attrs.mode),
+                                      attrs.uid or 0, attrs.gid or 0, attrs.mtime_ns or 0)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(head, name)
+        return found
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def save(self, dir_key: str, attrs: DirStat, *, replace: bool) -> None:
+        """Write the sidecar key (the caller writes the marker); `replace`: delete the keys
+        it replaces (a new directory has none)."""
+        if not self.sidecars:
+            return
+        folder = entry_folder(dir_key)
+        await self.store.call(self.store.sync.put, folder + attrs.leaf(), b"", {})
+        if replace:
+            await self._delete_keys([o.key for o in await self.store.list_recursive(folder)
+                                     if o.key != folder + attrs.leaf()])
+
+    async def remove(self, dir_key: str) -> None:
+        """The directory is gone: its sidecar keys go (a failure is logged: a stale key
+        only matters if the same path is made again by a tool other than a mount)."""
+        if not self.sidecars:
+            return
+        try:
+            await self._delete_keys(
+                [o.key for o in await self.store.list_recursive(entry_folder(dir_key))])
+        except ObjectStoreError as exc:
+            log.warning("attributes of removed directory %s left in S3: %s", dir_key, exc)
+
+    async def copy_tree(self, old_key: str, new_key: str, attrs: DirStat
+                        ) -> tuple[list[str], list[str]]:
+        """A directory rename, before its objects move: the sidecar keys of the directory
+        and of every directory below it at the new place. Returns (old keys, new keys): the
+        old go once the rename is done, the new if it fails."""
+        if not self.sidecars:
+            return [], []
+        below = await self.store.list_recursive(SIDECAR_ROOT + old_key)
+        own = await self.store.list_recursive(entry_folder(old_key))
+        new_keys = [entry_folder(new_key) + attrs.leaf()]
+        await self.store.call(self.store.sync.put, new_keys[0], b"", {})
+        for obj in below:
+            moved = SIDECAR_ROOT + new_key + obj.key[len(SIDECAR_ROOT + old_key):]
+            await self.store.copy(obj.key, moved, None)
+            new_keys.append(moved)
+        return [o.key for o in own + below if o.key not in new_keys], new_keys
+
+    async def _delete_keys(self, keys: list[str]) -> None:
+        for key in keys:
+            await self.store.delete(key)
+
+
+async def probe_markers(store: AsyncStore, writer: str) -> bool | None:
+    """Does the store keep user metadata on a key ending in "/"? None if it cannot tell
+    (a read-only bucket): then both places are read."""
+    key = f"{RESERVED_NAME}/probe-{writer}/"
+    try:  # (not counted with the lookups' HEADs: the metrics say what serving files costs)
+        await store.call(store.sync.put, key, b"", {PROBE_META: "1"})
+        info = await store.call(store.sync.head, key)
+        await store.call(store.sync.delete, key)
+    except ObjectStoreError as exc:
+        log.info("directory markers not probed (%s): reading attributes from both places", exc)
+        return None
+    return info is not None and info.metadata.get(PROBE_META) == "1"
+
+
+async def open_dir_attrs(store: AsyncStore, journal: AsyncJournal, writer: str) -> DirAttrs:
+    """The mount's DirAttrs, from the probe's answer that the journal recorded, or a new probe."""
+    recorded = await journal(journal.sync.get_meta, JOURNAL_META)
+    keeps = None if recorded is None else recorded == "1"
+    if keeps is None:
+        keeps = await probe_markers(store, writer)
+        if keeps is not None:
+            await journal(journal.sync.set_meta, JOURNAL_META, "1" if keeps else "0")
+    log.info("directory attributes: %s", "on the dir/ markers" if keeps else
+             "in sidecar keys under " + SIDECAR_ROOT + " (this store drops marker metadata)"
+             if keeps is False else "on markers and in sidecar keys")
+    return DirAttrs(store, keeps)
