@@ -50,6 +50,8 @@ from typing import Any, TypeVar
 import sqlite_utils
 import trio
 
+from lakefs_mount.uring import FALLOC_FL_KEEP_SIZE, fallocate_sync
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -137,7 +139,7 @@ class Journal:
     """Synchronous journal access; the daemon calls it from one worker thread at a time."""
 
     def __init__(self, path: Path) -> None:
-        self.reserve_path = path.with_name(path.name + ".reserve")
+        self.path = path
         fresh = not path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.close(fd)
@@ -167,35 +169,38 @@ class Journal:
 
     # -- the disk space the journal keeps for itself ------------------------------------
 
-    def reserve_held(self) -> int:
-        """Bytes of the cache disk the reserve file holds for the journal."""
-        try:
-            return os.stat(self.reserve_path).st_size
-        except FileNotFoundError:
-            return 0
+    def _own_files(self) -> list[Path]:
+        return [self.path, Path(str(self.path) + "-wal")]
 
-    def arm_reserve(self, size: int) -> bool:
-        """Hold `size` bytes of the disk in the reserve file; False if they are not free.
+    def reserve_held(self) -> int:
+        """Bytes of disk allocated past the end of the journal's files (database, WAL),
+        which SQLite grows into without asking the disk for more."""
+        held = 0
+        for path in self._own_files():
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            held += max(0, st.st_blocks * 512 - st.st_size)
+        return held
+
+    def arm_reserve(self, size: int) -> None:
+        """Allocate `size` bytes past the end of the journal's files (a quarter for the
+        database, the rest for the WAL, which SQLite reuses from its start after each
+        checkpoint and never truncates while open).
 
         Writers the daemon does not see (FUSE passthrough) can fill the cache disk to the
-        last block; SQLite then finds room in what `release_reserve` gives back."""
-        fd = os.open(self.reserve_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            return True
-        except OSError:
-            os.ftruncate(fd, 0)
-            return False
-        finally:
-            os.close(fd)
-
-    def release_reserve(self) -> bool:
-        """Free the reserve for the journal's own writes; False if there was none."""
-        if self.reserve_held() == 0:
-            return False
-        os.truncate(self.reserve_path, 0)
-        log.warning("cache disk full: the journal uses its reserve (%s)", self.reserve_path)
-        return True
+        last block; space bound to the journal's own files stays its own. ENOSPC if the
+        disk has not that much free."""
+        for path, share in zip(self._own_files(), (size // 4, size - size // 4), strict=True):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:  # no WAL yet: SQLite makes it at its first write
+                continue
+            try:
+                fallocate_sync(fd, FALLOC_FL_KEEP_SIZE, 0, os.fstat(fd).st_size + share)
+            finally:
+                os.close(fd)
 
     # -- meta -------------------------------------------------------------------------
 
@@ -440,10 +445,6 @@ class _Call:
             self.error = exc
 
 
-def _disk_full(exc: Exception | None) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
-
-
 class AsyncJournal:
     """The journal from the trio loop: calls run one at a time, in order, in a thread.
 
@@ -494,9 +495,6 @@ class AsyncJournal:
                             len(notes), exc)
             for call in batch:
                 call.run()
-                if _disk_full(call.error) and self.sync.release_reserve():
-                    call.error = None
-                    call.run()
 
         try:
             await trio.to_thread.run_sync(run, abandon_on_cancel=False)

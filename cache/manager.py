@@ -688,8 +688,8 @@ class CacheManager:
         return max(0, self._free_above_reserve()) + self.budget.clean_bytes(excluding)
 
     def _free_above_reserve(self) -> int:
-        """Free bytes of the cache disk beyond the journal's reserve (what its reserve file
-        does not hold yet still counts as the reserve's)."""
+        """Free bytes of the cache disk beyond the journal's reserve (the part of it not yet
+        allocated to the journal's files still counts as the reserve's)."""
         st = os.statvfs(self.data_dir)
         missing = self._reserve_size(st) - self.journal.sync.reserve_held()
         return st.f_bavail * st.f_frsize - max(0, missing)
@@ -699,9 +699,9 @@ class CacheManager:
         return min(JOURNAL_RESERVE, st.f_blocks * st.f_frsize // 10)
 
     async def keep_journal_reserve(self) -> None:
-        """Hold the journal's reserve on the cache disk (again, after a full disk used it),
-        evicting clean chunks to make room if it must. Never fatal: the cache directory
-        may be gone from under a live mount (writes then fail and say so)."""
+        """Hold the journal's reserve on the cache disk (again, once SQLite has grown into
+        it), evicting clean chunks to make room if it must. Never fatal: the cache
+        directory may be gone from under a live mount (writes then fail and say so)."""
         try:
             st = os.statvfs(self.data_dir)
         except OSError:

@@ -10,7 +10,7 @@ from lakefs_mount.uring.choose import (
 )
 from lakefs_mount.uring.engine import IoEngine
 from lakefs_mount.uring.ring import UringEngine
-from lakefs_mount.uring.threads import ThreadEngine, write_on_this_thread
+from lakefs_mount.uring.threads import ThreadEngine, fallocate_sync, write_on_this_thread
 
 __all__ = [
     "FALLOC_FL_KEEP_SIZE",
@@ -20,6 +20,7 @@ __all__ = [
     "IoEngine",
     "ThreadEngine",
     "UringEngine",
+    "fallocate_sync",
     "open_engine",
     "probe_uring",
     "write_on_this_thread",

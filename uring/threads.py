@@ -59,7 +59,8 @@ def _preadv_upto(fd: int, view: memoryview, offset: int) -> int:
     return got
 
 
-def _fallocate_sync(fd: int, mode: int, offset: int, length: int) -> None:
+def fallocate_sync(fd: int, mode: int, offset: int, length: int) -> None:
+    """fallocate(2) on this thread (os.posix_fallocate has no mode)."""
     if _fallocate(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -107,5 +108,5 @@ class ThreadEngine:
     async def fallocate(self, fd: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through libc (os.posix_fallocate has no mode)."""
         await trio.to_thread.run_sync(
-            _fallocate_sync, fd, mode, offset, length, limiter=self._limiter
+            fallocate_sync, fd, mode, offset, length, limiter=self._limiter
         )
