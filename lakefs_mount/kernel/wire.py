@@ -12,7 +12,6 @@ import struct
 
 KERNEL_MAJOR = 7
 KERNEL_MINOR = 40  # what we answer: passthrough came with 7.40
-ROOT_ID = 1
 
 
 class Op(enum.IntEnum):
@@ -70,8 +69,6 @@ class Op(enum.IntEnum):
 
 
 class Notify(enum.IntEnum):
-    INVAL_INODE = 2
-    INVAL_ENTRY = 3
     STORE = 4
 
 
@@ -82,9 +79,8 @@ EXPORT_SUPPORT = 1 << 4
 BIG_WRITES = 1 << 5
 AUTO_INVAL_DATA = 1 << 12
 DO_READDIRPLUS = 1 << 13
-READDIRPLUS_AUTO = 1 << 14
 ASYNC_DIO = 1 << 15
-WRITEBACK_CACHE = 1 << 16
+# never WRITEBACK_CACHE (1 << 16): with it the kernel refuses every passthrough backing file
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
 INIT_EXT = 1 << 30
@@ -95,7 +91,6 @@ FATTR_MODE = 1 << 0
 FATTR_UID = 1 << 1
 FATTR_GID = 1 << 2
 FATTR_SIZE = 1 << 3
-FATTR_ATIME = 1 << 4
 FATTR_MTIME = 1 << 5
 FATTR_MTIME_NOW = 1 << 8
 
@@ -121,7 +116,6 @@ DIRENT_HEAD = struct.Struct("<QQII")  # ino off namelen type
 FORGET_ONE = struct.Struct("<QQ")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-GETATTR_IN = struct.Struct("<IIQ")  # flags dummy fh
 SETATTR_IN = struct.Struct("<IIQQQQQQIIIIIIII")
 MKNOD_IN = struct.Struct("<IIII")  # mode rdev umask padding
 MKDIR_IN = struct.Struct("<II")  # mode umask
@@ -132,8 +126,6 @@ READ_IN = struct.Struct("<QQII")  # fh offset size read_flags (then lock_owner f
 WRITE_IN = struct.Struct("<QQIIQII")  # fh offset size write_flags lock_owner flags pad
 RELEASE_IN = struct.Struct("<QII")  # fh flags release_flags
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
-NOTIFY_INVAL_INODE = struct.Struct("<Qqq")  # ino offset length
-NOTIFY_INVAL_ENTRY = struct.Struct("<QII")  # parent namelen flags
 NOTIFY_STORE = struct.Struct("<QQII")  # nodeid offset size padding
 
 WRITE_DATA_OFFSET = IN_HEADER.size + WRITE_IN.size  # 80: where a WRITE's bytes start
