@@ -862,10 +862,9 @@ class CacheManager:
         async with self.part_reader(cf, start, end) as source:
             return await trio.to_thread.run_sync(crc_of, source, start, end)
 
-    async def open_cache_file(self, cf: CachedFile) -> int:
+    def open_cache_file(self, cf: CachedFile) -> int:
         """A new descriptor of `cf`'s cache file, owned by the caller (the fd table may
-        close its own at any time)."""
-        await self._ensure_fd(cf)
+        close its own at any time). Only files with a cache file (a fid) get here."""
         assert cf.fid is not None
         return self.fds.open_loose(cf, str(self.cache_path(cf.fid)))
 

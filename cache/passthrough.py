@@ -84,7 +84,7 @@ class Passthrough:
             self.writing.add(cf)
         fd = -1
         try:
-            fd = await self.cache.open_cache_file(cf)
+            fd = self.cache.open_cache_file(cf)
             if cf.pt_opens == 1 and os.fstat(fd).st_size != cf.size:
                 # the kernel reads up to the backing file's end: bytes of an older, longer
                 # version past it (or a tail never written) must not show
