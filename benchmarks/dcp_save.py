@@ -34,7 +34,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from lakefs_mount.embedded import EmbeddedS3
+from lakefs_mount.s3.embedded import EmbeddedS3
 
 MiB = 1 << 20
 GiB = 1 << 30

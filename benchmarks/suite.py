@@ -650,7 +650,7 @@ class Suite:
         return makers
 
     def run(self) -> dict[str, Any]:
-        from lakefs_mount.embedded import EmbeddedS3
+        from lakefs_mount.s3.embedded import EmbeddedS3
 
         a = self.args
         started = time.monotonic()

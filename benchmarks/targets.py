@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from lakefs_mount.embedded import free_port
 from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.s3.embedded import free_port
 
 HERE = Path(__file__).resolve().parent
 CLI = str(Path(sys.executable).parent / "lakefs-mount")

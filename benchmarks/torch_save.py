@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.targets import LakefsTarget, use_bench_credentials
-from lakefs_mount.embedded import EmbeddedS3
+from lakefs_mount.s3.embedded import EmbeddedS3
 
 MiB = 1 << 20
 TENSOR_MIB = 64

@@ -29,8 +29,8 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
-from lakefs_mount.layout import META_SYMLINK, encode_attrs
-from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
+from lakefs_mount.s3.layout import META_SYMLINK, encode_attrs
+from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import TypeVar
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import (
     DIRTY_STATES,
@@ -43,8 +42,9 @@ from lakefs_mount.cache.journal import AsyncJournal, CleanNote, PendingFile
 from lakefs_mount.cache.partbody import UploadSource, crc_of
 from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.warm import WarmCache
-from lakefs_mount.layout import PartMap
-from lakefs_mount.objectstore import ObjectInfo
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectInfo
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine, write_on_this_thread
 
 log = logging.getLogger(__name__)

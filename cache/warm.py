@@ -13,7 +13,7 @@ from pathlib import Path
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.journal import AsyncJournal, WarmFile
-from lakefs_mount.layout import PartMap
+from lakefs_mount.s3.layout import PartMap
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from lakefs_mount.config import (
 )
 from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
-from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.s3.objectstore import ObjectStoreError
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
 

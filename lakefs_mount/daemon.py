@@ -21,7 +21,6 @@ from typing import Any
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal
 from lakefs_mount.cache.manager import CacheManager
@@ -34,10 +33,11 @@ from lakefs_mount.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.fs import FileSystem, FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
-from lakefs_mount.layout import PartMap
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
-from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 from lakefs_mount.splice import advice as splice_advice
 from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine
@@ -77,10 +77,10 @@ def _lock_cache_dir(cache_dir: Path, stack: ExitStack) -> None:
 
 def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
     """The store of this mount, proven usable (bucket exists, credentials work) up front."""
-    from lakefs_mount.s3store import S3ObjectStore
+    from lakefs_mount.s3.store import S3ObjectStore
 
     if config.bucket is None:
-        from lakefs_mount.embedded import EmbeddedS3
+        from lakefs_mount.s3.embedded import EmbeddedS3
 
         state = config.embedded_dir or default_embedded_dir()
         state.mkdir(mode=0o700, parents=True, exist_ok=True)

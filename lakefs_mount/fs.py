@@ -24,7 +24,6 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat, sidecar_fits
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.layout import SPECIAL_TYPES, encode_attrs
 from lakefs_mount.namespace import (
     ROOT_INO,
     SMALL_OBJECT_MAX,
@@ -34,7 +33,8 @@ from lakefs_mount.namespace import (
     kind_of,
     valid_name,
 )
-from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
+from lakefs_mount.s3.layout import SPECIAL_TYPES, encode_attrs
+from lakefs_mount.s3.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import trio
 
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
-from lakefs_mount.layout import SPECIAL_TYPES, decode_attrs
-from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import SPECIAL_TYPES, decode_attrs
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from faultproxy import FaultProxy
+from memstore import MemoryObjectStore
 
-from lakefs_mount.embedded import EmbeddedS3, free_port
-from lakefs_mount.memstore import MemoryObjectStore
-from lakefs_mount.objectstore import (
+from lakefs_mount.s3.embedded import EmbeddedS3, free_port
+from lakefs_mount.s3.objectstore import (
     AccessDenied,
     EndpointUnreachable,
     NoSuchBucket,
@@ -25,7 +25,7 @@ from lakefs_mount.objectstore import (
     ObjectStore,
     ObjectStoreError,
 )
-from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import crc32c
 import pytest
 import trio
+from memstore import MemoryObjectStore
 
 from lakefs_mount.cache import direct, manager
 from lakefs_mount.cache.direct import (
@@ -25,7 +26,6 @@ from lakefs_mount.cache.direct import (
     read_through,
 )
 from lakefs_mount.cache.partbody import CachePartBody, UploadSource, crc_of
-from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.uring._buffers import Pin
 from tests.test_t3_cache import PART, core, run
 

@@ -22,8 +22,8 @@ from mounting import Mount
 
 from lakefs_mount.dirattrs import SIDECAR_OVERHEAD
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
-from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
 RENAME_NOREPLACE = 1

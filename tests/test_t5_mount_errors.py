@@ -23,9 +23,9 @@ import tlsproxy
 from mounting import CLI, Mount, _wait_gone, cli
 from tlsproxy import TlsProxy
 
-from lakefs_mount import embedded
-from lakefs_mount.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.s3 import embedded
+from lakefs_mount.s3.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 
 WRONG_SECRET = "WrongSecretMustNeverBeLogged0123456789"
 

@@ -50,6 +50,20 @@ def test_cache_uring_and_cli_import_inside_the_lakefs_mount_namespace(tmp_path):
     assert result.stdout.strip() == "lakefs-mount"
 
 
+def test_a_plain_checkout_imports_the_card_folders_under_one_name_each(tmp_path):
+    """No install needed to follow an import: lakefs_mount.cache is the top-level cache/."""
+    result = _run_python(
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "import lakefs_mount.cache.journal as j, lakefs_mount.uring.ring as r\n"
+        "import lakefs_mount.cli.main as c, lakefs_mount.s3.layout as s\n"
+        "print(j.__file__, r.__file__, c.__file__, s.__file__)", tmp_path)
+    assert result.returncode == 0, result.stderr
+    paths = [Path(p) for p in result.stdout.split()]
+    assert [p.resolve().relative_to(REPO).as_posix() for p in paths] == [
+        "cache/journal.py", "uring/ring.py", "cli/main.py", "lakefs_mount/s3/layout.py"]
+    assert all(p.is_relative_to(REPO / "lakefs_mount") for p in paths)
+
+
 def test_ci_run_executes_the_readme_test_command():
     ci_run = (REPO / ".ci" / "run").read_text()
     lines = [line.strip() for line in ci_run.splitlines()

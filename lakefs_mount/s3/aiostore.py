@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.objectstore import (
+from lakefs_mount.s3.objectstore import (
     AccessDenied,
     Listing,
     NoSuchBucket,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import quote, urlsplit
 
-from lakefs_mount.objectstore import PiecewiseBody
+from lakefs_mount.s3.objectstore import PiecewiseBody
 
 __all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
            "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",

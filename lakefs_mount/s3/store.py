@@ -26,7 +26,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
-from lakefs_mount.objectstore import (
+from lakefs_mount.s3.objectstore import (
     AccessDenied,
     EndpointUnreachable,
     Listing,
@@ -38,7 +38,7 @@ from lakefs_mount.objectstore import (
     PendingUpload,
     PiecewiseBody,
 )
-from lakefs_mount.s3wire import (
+from lakefs_mount.s3.wire import (
     CertificateRefused,
     ConnectFailed,
     ConnectionLost,
