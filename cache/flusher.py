@@ -58,15 +58,16 @@ class Flusher:
     def __init__(self, cache: CacheManager, concurrency: int,
                  commit_delay: float = 0.0) -> None:
         self.cache = cache
+        self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
         self.journal = cache.journal
         self.parts = cache.parts
         self.metrics = cache.metrics
         self._slots = trio.Semaphore(concurrency)
         self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
-        self._part_queue: set[tuple[CachedFile, int]] = set()
-        self._committing: set[CachedFile] = set()
-        self._commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
+        self._part_queue = demand.parts
+        self._committing = demand.committing
+        self._commit_wanted = demand.commit_wanted
         # The same dues in time order; an entry whose due is no longer the file's is stale
         # and skipped. A file whose commit is running leaves the heap until it ends.
         self._due_heap: list[tuple[float, int, CachedFile]] = []
@@ -75,13 +76,8 @@ class Flusher:
         # A closed file waits this long before its commit starts, so that the rename a
         # checkpoint saver does right after writing is a journal update, not a copy.
         self.commit_delay = commit_delay
-        self._wake = trio.Event()
         self._changed = trio.Event()
-        self.in_flight = 0
         self._nursery: trio.Nursery | None = None
-        cache.on_chunk_full = self.schedule_part
-        cache.on_pressure = self._drain_all_full_chunks
-        cache.uploads_busy = self.busy
         self.on_committed: Callable[[CachedFile], None] = lambda cf: None  # object now in S3
 
     # -- scheduling -------------------------------------------------------------------
@@ -93,9 +89,9 @@ class Flusher:
             while True:
                 self._sleeping_until = self._due_heap[0][0] if self._due_heap else math.inf
                 with trio.move_on_at(self._sleeping_until):
-                    await self._wake.wait()
+                    await self.demand.wake.wait()
                 self._sleeping_until = -math.inf
-                self._wake = trio.Event()
+                self.demand.wake = trio.Event()
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
                     nursery.start_soon(self._stream_part, cf, idx)
@@ -117,17 +113,7 @@ class Flusher:
         (a closed file's commit is due a whole commit delay later: usually it does not)."""
         heapq.heappush(self._due_heap, (due, next(self._due_seq), cf))
         if due < self._sleeping_until:
-            self._wake.set()
-
-    def busy(self) -> bool:
-        """True while uploads or commits are under way or queued: data will drain."""
-        return bool(self.in_flight or self._part_queue or self._committing
-                    or self._commit_wanted)
-
-    def schedule_part(self, cf: CachedFile, idx: int) -> None:
-        """A full chunk of a file still being written: upload it now."""
-        self._part_queue.add((cf, idx))
-        self._wake.set()
+            self.demand.wake.set()
 
     def request_commit(self, cf: CachedFile, settle: bool = False) -> None:
         """Commit `cf`; with `settle` (a last close) only after the commit delay."""
@@ -136,13 +122,6 @@ class Flusher:
             if due < self._commit_wanted.get(cf, math.inf):
                 self._commit_wanted[cf] = due
                 self._queue_due(cf, due)
-
-    def _drain_all_full_chunks(self) -> None:
-        for cf in list(self.cache.files.values()):
-            for idx, ch in cf.chunks.items():
-                if ch.state is ChunkState.DIRTY and self.parts.chunk_range(idx)[1] <= cf.size:
-                    self._part_queue.add((cf, idx))
-        self._wake.set()
 
     def _progress_changed(self) -> None:
         self._changed.set()
@@ -281,12 +260,12 @@ class Flusher:
         gen = ch.gen
         try:
             async with self._slots:
-                self.in_flight += 1
+                self.demand.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
                     etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
                 finally:
-                    self.in_flight -= 1
+                    self.demand.in_flight -= 1
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
                 self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
@@ -349,7 +328,7 @@ class Flusher:
             if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
                 # A hole, a part of another length or of older bytes: the cached bytes go
                 # up as they are.
-                await self.cache._mark_dirty(cf, [idx], None)
+                await self.cache.mark_dirty(cf, [idx], None)
             await self._upload_chunk(cf, idx)
 
     async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:
@@ -508,7 +487,7 @@ class Flusher:
 
     def status(self) -> dict[str, object]:
         return {
-            "uploads_in_flight": self.in_flight,
+            "uploads_in_flight": self.demand.in_flight,
             "files_committing": len(self._committing),
             "parts_queued": len(self._part_queue),
         }
