@@ -30,7 +30,8 @@ from lakefs_mount.config import MountConfig, control_socket_path, default_embedd
 from lakefs_mount.control import serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import DirIndex, parent_dir_key
-from lakefs_mount.fs import FileSystem, FSError
+from lakefs_mount.fs import FileSystem
+from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
 from lakefs_mount.mountpoint import set_kernel_readahead

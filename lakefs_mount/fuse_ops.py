@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem, errno_of
+from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
+from lakefs_mount.fserrors import errno_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -118,12 +118,11 @@ class _Lean:
     pipeline.
 
     These are the requests whose number grows with the number of files (small-file
-    reads, `ls -l`, small-file commits, listing pages of thousands of keys, which
-    botocore parses at ~0.25 ms of CPU per key). botocore's `get_object` costs about
-    1.4 ms of CPU per 100 KiB GET here (parameter validation, endpoint rules, event
-    hooks, response parsing), all under the daemon's one GIL; the same request signed
-    with `S3SigV4Auth` and sent through botocore's HTTP session ~0.68 ms; signed and
-    sent by `s3wire` ~0.26 ms. So `s3wire` carries them, with the client's endpoint,
+    reads, `ls -l`, small-file commits, listing pages of thousands of keys). botocore's
+    `get_object` spends most of its CPU on parameter validation, endpoint rules, event
+    hooks and response parsing, all under the daemon's one GIL; signed and sent by
+    `wire` the same request costs a fifth of that (benchmarks/README.md, "Figures behind
+    the design"). So `wire` carries them, with the client's endpoint,
     addressing style, credentials (refreshed as botocore refreshes them), timeouts and
     TLS verification; where botocore would go through a proxy or present a client
     certificate, they take botocore's HTTP session instead. Retries follow botocore's
@@ -593,8 +592,8 @@ class S3ObjectStore:
     def upload_part(self, key: str, upload_id: str, part_number: int,
                     body: bytes | memoryview | BinaryIO) -> str:
         if hasattr(body, "pieces") and self._lean.direct:
-            # piece by piece as the body reads them: 0.27 CPU s per GiB here, against 0.70
-            # through botocore (which takes 16 KiB at a time, each sliced from a copy)
+            # piece by piece as the body reads them: a fraction of the CPU of botocore,
+            # which takes 16 KiB at a time, each sliced from a copy
             return self._lean_put("UploadPart", key, {}, body,  # type: ignore[arg-type]
                                   {"partNumber": str(part_number), "uploadId": upload_id})
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
