@@ -29,7 +29,7 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
-from lakefs_mount.s3.layout import META_SYMLINK, encode_attrs
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -375,6 +375,11 @@ class Flusher:
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
+        written = self.cache.passthrough.size_now(cf) if cf.pt_writers else cf.size
+        if written > MAX_OBJECT_SIZE:  # grown there by a passthrough writer: the daemon
+            # saw no write to refuse with EFBIG. Kept, and flush says why it cannot finish.
+            raise ObjectStoreError(f"{cf.key} is {written} bytes, larger than S3's largest "
+                                   "object (5 TiB): truncate it below that, or remove it")
         if cf.pt_writers:  # the kernel writes it directly: commit what it holds now
             await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen

@@ -90,7 +90,8 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         # weed's filer stalls ~15 s on SIGTERM; its data is already in the OS by then
         stack.callback(server.stop, EMBEDDED_STOP_GRACE)
         store: ObjectStore = S3ObjectStore(EMBEDDED_BUCKET, endpoint_url=server.endpoint_url,
-                                           access_key="embedded", secret_key="embedded")
+                                           access_key="embedded", secret_key="embedded",
+                                           max_attempts=1)  # AsyncStore retries
         server.create_bucket(EMBEDDED_BUCKET)
         config.bucket = EMBEDDED_BUCKET
         config.endpoint_url = server.endpoint_url
@@ -100,9 +101,10 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         return store
     store = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
                           region=config.region, profile=config.profile,
-                          max_pool=max(32, config.upload_concurrency * 2))
-    # The data client retries patiently; the start-up check must fail fast instead, so a
-    # wrong address or a dead server is reported within seconds, not after minutes.
+                          max_pool=max(32, config.upload_concurrency * 2),
+                          max_attempts=1)  # AsyncStore retries, in the one place (s3/retry)
+    # The daemon's requests are retried patiently; the start-up check must fail fast
+    # instead, so a wrong address or a dead server is reported within seconds.
     probe = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
                           region=config.region, profile=config.profile, max_pool=1,
                           connect_timeout=STARTUP_CONNECT_TIMEOUT,

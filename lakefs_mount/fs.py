@@ -31,7 +31,7 @@ from lakefs_mount.namespace import (
     kind_of,
     valid_name,
 )
-from lakefs_mount.s3.layout import SPECIAL_TYPES
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, SPECIAL_TYPES
 from lakefs_mount.s3names import S3Names, dir_stat
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ RENAME_NOREPLACE = 1
 BLOCK_SIZE = 4096
 ATTR_TIMEOUT = 1.0  # seconds the kernel may cache names and attributes
 BLKSIZE = 128 * 1024  # st_blksize: the I/O size programs should prefer
+_TOO_BIG = "larger than S3's largest object (5 TiB)"
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ class FileSystem:
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
             raise FSError(errno.EINVAL)
+        if size is not None and size > MAX_OBJECT_SIZE:
+            raise FSError(errno.EFBIG, _TOO_BIG)
         if cf.pt_writers:  # the chunk map first learns what the kernel wrote
             await self.cache.passthrough.sync(cf)
         if size is not None:
@@ -539,6 +542,10 @@ class FileSystem:
         self.cache.metrics[m.WRITE_REQUESTS] += 1
         if handle.append:
             offset = cf.size
+        if offset + len(data) > MAX_OBJECT_SIZE:  # a short write up to the limit, then EFBIG
+            if offset >= MAX_OBJECT_SIZE:
+                raise FSError(errno.EFBIG, _TOO_BIG)
+            data = memoryview(data)[:MAX_OBJECT_SIZE - offset]
         async with s3_errors(f"writing {cf.key}"):
             written = await self.cache.write(cf, offset, data)
         cf.mtime_ns = time.time_ns()

@@ -350,6 +350,24 @@ def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> N
     assert m.status()["files_pending"] == 0
 
 
+def test_throttling_by_s3_is_retried_and_shows_in_status_and_the_log(
+        mount_factory, fault_proxy, s3) -> None:
+    """Issue 29, defect 5: 503 SlowDown answers were retried invisibly inside the S3
+    client. Now each one is an error and a retry in `status`, and a log line."""
+    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
+    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.answer_with(503, "SlowDown", 4, frozenset({"PUT", "POST"}))
+    payload = os.urandom(24 * 1024 * 1024)  # parts, then CompleteMultipartUpload
+    (m.path / "ckpt.bin").write_bytes(payload)
+    proc = m.flush(timeout=120)
+    assert proc.returncode == 0, proc.stderr + m.log_tail()
+    assert s3.get_range("ckpt.bin", 0, len(payload) + 1) == payload
+    status = m.status()
+    assert fault_proxy.answered == 4
+    assert status["retries"] >= 4 and status["errors"] >= 4, status
+    assert m.log_tail(400).count("SlowDown") >= 4
+
+
 def test_unmount_busy(mount_factory) -> None:
     m: Mount = mount_factory()
     (m.path / "d").mkdir()

@@ -23,7 +23,10 @@ def key_fits(key: str) -> bool:
 
 
 class ObjectStoreError(Exception):
-    """An S3 call failed; `str()` is a message fit for the user."""
+    """An S3 call failed; `str()` is a message fit for the user. `transient`: another
+    attempt may succeed (throttling, a 5xx, a connection failure; see s3/retry)."""
+
+    transient = False
 
 
 class NoSuchBucket(ObjectStoreError):

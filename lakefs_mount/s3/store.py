@@ -7,9 +7,7 @@ base can report S3 problems without knowing anything about botocore.
 
 from __future__ import annotations
 
-import random
 import re
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -38,6 +36,7 @@ from lakefs_mount.s3.objectstore import (
     PendingUpload,
     PiecewiseBody,
 )
+from lakefs_mount.s3.retry import TRANSIENT_CODES, TRANSIENT_STATUS, retried
 from lakefs_mount.s3.wire import (
     CertificateRefused,
     ConnectFailed,
@@ -72,7 +71,6 @@ _CONNECT_FAILURES: dict[type, str] = {
 
 
 STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
-_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})  # as botocore's standard mode
 _META_PREFIX = "x-amz-meta-"
 _ERROR_CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _ERROR_MESSAGE = re.compile(rb"<Message>([^<]*)</Message>")
@@ -87,7 +85,7 @@ def _quote_etag(etag: str) -> str:
 
 
 def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: float,
-                   read_timeout: float, max_attempts: int) -> Config:
+                   read_timeout: float) -> Config:
     """Build the botocore Config; checksum options only where this botocore has them.
 
     botocore >= 1.36 adds CRC checksums to every request by default, which several
@@ -95,11 +93,13 @@ def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: flo
     Bodies are sent as UNSIGNED-PAYLOAD (what boto3 itself does over HTTPS): over plain
     HTTP botocore would otherwise read every part twice, once only to SHA-256 it for the
     signature, which cost ~0.85 CPU s/GiB here; the headers are still signed.
+    botocore makes one attempt per request: retries follow lakefs-mount's own policy
+    (`retry`).
     """
     kwargs: dict[str, Any] = {
         "connect_timeout": connect_timeout,
         "read_timeout": read_timeout,
-        "retries": {"mode": "standard", "max_attempts": max_attempts},
+        "retries": {"mode": "standard", "total_max_attempts": 1},
         "max_pool_connections": max_pool,
     }
     kwargs["s3"] = {"payload_signing_enabled": False}
@@ -125,14 +125,14 @@ class _Lean:
     the design"). So `wire` carries them, with the client's endpoint,
     addressing style, credentials (refreshed as botocore refreshes them), timeouts and
     TLS verification; where botocore would go through a proxy or present a client
-    certificate, they take botocore's HTTP session instead. Retries follow botocore's
-    standard mode: connection errors, throttling, 5xx. Unlike botocore it does not follow
+    certificate, they take botocore's HTTP session instead. One attempt per request, as
+    for botocore's calls (`retry` decides about more). Unlike botocore it does not follow
     S3's redirects to a bucket's region: `check_bucket` goes this way too, so a wrong
     region fails at mount time, naming the right one.
     """
 
     def __init__(self, session: boto3.session.Session, client: Any, bucket: str,
-                 region: str | None, max_attempts: int, max_pool: int,
+                 region: str | None, max_pool: int,
                  connect_timeout: float, read_timeout: float) -> None:
         self._credentials = session.get_credentials()
         self._client = client
@@ -140,7 +140,6 @@ class _Lean:
         self._region = region or "us-east-1"
         self._http = client._endpoint.http_session  # the client's pool, proxies and TLS
         self._config = client.meta.config
-        self._max_attempts = max(1, max_attempts)
         self._pool_args = {"max_idle": max_pool, "connect_timeout": connect_timeout,
                            "read_timeout": read_timeout}
         self._origin = ""  # scheme://host[:port] and the bucket's path, as botocore
@@ -171,7 +170,7 @@ class _Lean:
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
              body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None
              ) -> Any:
-        """One signed request, retried like botocore; raises ClientError for non-2xx.
+        """One signed request; raises ClientError for non-2xx.
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
             raise bce.NoCredentialsError()
@@ -180,26 +179,13 @@ class _Lean:
         target = self._prefix + quote(key, safe="/~")
         if query:  # SigV4 signs the query string as sent: escape it the way it wants
             target += "?" + canonical_query(query)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = self._send_once(method, target, headers or {}, body)
-            except (bce.EndpointConnectionError, bce.ConnectionClosedError,
-                    bce.ReadTimeoutError, bce.ConnectTimeoutError):
-                if attempt >= self._max_attempts:
-                    raise
-                self._backoff(attempt)
-                continue
-            if response.status_code < 300:
-                return response
-            content = b"" if method == "HEAD" else response.raw.read()
-            response.raw.release_conn()
-            if response.status_code in _RETRY_STATUS and attempt < self._max_attempts:
-                self._backoff(attempt)
-                continue
-            raise _client_error(op, response.status_code, content,
-                                response.headers.get("x-amz-bucket-region"))
+        response = self._send_once(method, target, headers or {}, body)
+        if response.status_code < 300:
+            return response
+        content = b"" if method == "HEAD" else response.raw.read()
+        response.raw.release_conn()
+        raise _client_error(op, response.status_code, content,
+                            response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
                    body: bytes | PiecewiseBody) -> Any:
@@ -219,10 +205,6 @@ class _Lean:
             return self._wire.request(method, target, signed, body)
         except WireError as exc:
             raise _botocore_error(exc, self._origin + target) from exc
-
-    @staticmethod
-    def _backoff(attempt: int) -> None:
-        time.sleep(random.random() * min(20.0, 2.0 ** attempt) / 4)
 
 
 def _botocore_error(exc: WireError, url: str) -> bce.BotoCoreError:
@@ -322,6 +304,18 @@ def _info_from_headers(key: str, headers: Any) -> ObjectInfo:
     )
 
 
+def _transient(exc: Exception) -> bool:
+    """Whether botocore's failure is one another attempt may fix (as its standard mode
+    judges: throttling, 5xx, connections refused, reset or timed out)."""
+    if isinstance(exc, bce.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status in TRANSIENT_STATUS or code in TRANSIENT_CODES
+    return isinstance(exc, bce.EndpointConnectionError | bce.ConnectionClosedError
+                      | bce.ReadTimeoutError | bce.ConnectTimeoutError
+                      | bce.ResponseStreamingError | bce.IncompleteReadError)
+
+
 class S3ObjectStore:
     """One bucket of an S3(-compatible) endpoint; safe to share between threads.
 
@@ -357,11 +351,11 @@ class S3ObjectStore:
             "s3",
             endpoint_url=endpoint_url,
             region_name=region,
-            config=_client_config(endpoint_url, max_pool, connect_timeout, read_timeout,
-                                  max_attempts),
+            config=_client_config(endpoint_url, max_pool, connect_timeout, read_timeout),
         )
-        self._lean = _Lean(session, self._client, bucket, region, max_attempts, max_pool,
+        self._lean = _Lean(session, self._client, bucket, region, max_pool,
                            connect_timeout, read_timeout)
+        self.max_attempts = max(1, max_attempts)  # per call, transient failures (`retry`)
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
@@ -425,15 +419,21 @@ class S3ObjectStore:
         try:
             yield
         except (bce.ClientError, bce.BotoCoreError) as exc:
-            self._raise(exc, op, key)
+            try:
+                self._raise(exc, op, key)
+            except ObjectStoreError as err:
+                err.transient = _transient(exc)
+                raise
 
     # ------------------------------------------------------------- bucket level
 
+    @retried
     def check_bucket(self) -> None:
         """HeadBucket: 404/403 come back without an error body, so map by HTTP status."""
         with self._errors("HeadBucket"):
             self._lean.send("HeadBucket", "HEAD", "").raw.release_conn()
 
+    @retried
     def create_bucket(self) -> None:
         """Create the bucket (embedded server and tests only); existing is fine."""
         try:
@@ -446,6 +446,7 @@ class S3ObjectStore:
                 return
             raise
 
+    @retried
     def delete_bucket(self) -> None:
         """Delete the bucket (tests only); SeaweedFS allows it even when not empty."""
         with self._errors("DeleteBucket"):
@@ -453,6 +454,7 @@ class S3ObjectStore:
 
     # ------------------------------------------------------------------ objects
 
+    @retried
     def head(self, key: str) -> ObjectInfo | None:
         try:
             with self._errors("HeadObject", key):
@@ -462,6 +464,7 @@ class S3ObjectStore:
             return None
         return _info_from_headers(key, response.headers)
 
+    @retried
     def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
         try:
             with self._errors("GetObject", key):
@@ -476,6 +479,7 @@ class S3ObjectStore:
         self.get_range_into(key, start, end, lambda _offset, piece: pieces.append(piece))
         return b"".join(pieces)
 
+    @retried
     def get_range_into(self, key: str, start: int, end: int,
                        write: Callable[[int, bytes], None]) -> int:
         if start < 0 or end <= start:
@@ -497,6 +501,7 @@ class S3ObjectStore:
             raise
         return done
 
+    @retried
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
         data = body if isinstance(body, bytes) else bytes(body)
         headers = {_META_PREFIX + name: value for name, value in metadata.items()}
@@ -510,6 +515,7 @@ class S3ObjectStore:
             b"".join(_read_body(response))
         return _strip_etag(response.headers.get("ETag"))
 
+    @retried
     def list_dir(self, prefix: str) -> Listing:
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
@@ -524,6 +530,7 @@ class S3ObjectStore:
             for page_objects, _ in _listing_pages(self._lean, prefix, None):
                 yield from page_objects
 
+    @retried
     def delete(self, key: str) -> None:
         try:
             with self._errors("DeleteObject", key):
@@ -531,6 +538,7 @@ class S3ObjectStore:
         except NoSuchKey:
             pass
 
+    @retried
     def delete_many(self, keys: list[str]) -> None:
         for i in range(0, len(keys), DELETE_BATCH):
             batch = keys[i:i + DELETE_BATCH]
@@ -547,6 +555,7 @@ class S3ObjectStore:
                     f" '{self.bucket}', e.g. '{first.get('Key')}': {first.get('Code')}:"
                     f" {first.get('Message')}")
 
+    @retried
     def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
         info = self.head(src)
         if info is None:
@@ -583,12 +592,14 @@ class S3ObjectStore:
 
     # ---------------------------------------------------------------- multipart
 
+    @retried
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
         with self._errors("CreateMultipartUpload", key):
             resp = self._client.create_multipart_upload(
                 Bucket=self.bucket, Key=key, Metadata=dict(metadata))
         return str(resp["UploadId"])
 
+    @retried
     def upload_part(self, key: str, upload_id: str, part_number: int,
                     body: bytes | memoryview | BinaryIO) -> str:
         if hasattr(body, "pieces") and self._lean.direct:
@@ -603,6 +614,7 @@ class S3ObjectStore:
                 Body=data)
         return _strip_etag(resp.get("ETag"))
 
+    @retried
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
                          src_key: str, start: int, end: int) -> str:
         with self._errors("UploadPartCopy", key):
@@ -612,6 +624,7 @@ class S3ObjectStore:
                 CopySourceRange=f"bytes={start}-{end - 1}")
         return _strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
 
+    @retried
     def complete_multipart(self, key: str, upload_id: str,
                            parts: list[tuple[int, str]]) -> str:
         with self._errors("CompleteMultipartUpload", key):
@@ -621,6 +634,7 @@ class S3ObjectStore:
                                            for n, etag in parts]})
         return _strip_etag(resp.get("ETag"))
 
+    @retried
     def abort_multipart(self, key: str, upload_id: str) -> None:
         try:
             with self._errors("AbortMultipartUpload", key):
@@ -629,6 +643,7 @@ class S3ObjectStore:
         except NoSuchUpload:
             pass
 
+    @retried
     def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         parts: dict[int, str] = {}
         paginator = self._client.get_paginator("list_parts")
@@ -638,6 +653,7 @@ class S3ObjectStore:
                     parts[int(part["PartNumber"])] = _strip_etag(part.get("ETag"))
         return parts
 
+    @retried
     def list_multipart_uploads(self, prefix: str) -> list[PendingUpload]:
         uploads: list[PendingUpload] = []
         paginator = self._client.get_paginator("list_multipart_uploads")
