@@ -55,8 +55,8 @@ class FlushProgress:
 
 
 class Flusher:
-    def __init__(self, cache: CacheManager, concurrency: int,
-                 commit_delay: float = 0.0) -> None:
+    def __init__(self, cache: CacheManager, concurrency: int, commit_delay: float = 0.0,
+                 on_committed: Callable[[CachedFile], None] = lambda cf: None) -> None:
         self.cache = cache
         self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
@@ -78,7 +78,7 @@ class Flusher:
         self.commit_delay = commit_delay
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.on_committed: Callable[[CachedFile], None] = lambda cf: None  # object now in S3
+        self.on_committed = on_committed  # an object is now in S3 (its directory's index)
 
     # -- scheduling -------------------------------------------------------------------
 

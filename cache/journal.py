@@ -34,6 +34,12 @@ cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
 meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
            dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
+
+sqlite-utils' role is the schema: creating tables and adding columns in the migrations,
+WAL mode, and a few reads and updates off the hot path (`pending_files`, `rekey`). Everything a
+write or a commit runs (intents, chunk states, commits, meta) is plain SQL on the same
+connection, because its helpers inspect the table on every call, several times slower
+per small file (benchmarks/README.md, "Figures behind the design").
 """
 
 from __future__ import annotations

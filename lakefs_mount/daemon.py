@@ -29,7 +29,7 @@ from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
 from lakefs_mount.control import serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
-from lakefs_mount.dirindex import DirIndex, parent_dir_key
+from lakefs_mount.dirindex import parent_dir_key
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
@@ -145,25 +145,21 @@ class Daemon:
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
                                       open_files=_cache_fd_budget())
+            dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
+            self.ns = ns = Namespace(self.store, self.cache, config.prefix,
+                                     config.metadata_ttl, (os.getuid(), os.getgid()),
+                                     index_writer=self.index_writer, dir_attrs=dir_attrs)
+            self.index = index = ns.index
             self.flusher = Flusher(self.cache, config.upload_concurrency,
-                                   commit_delay=config.commit_delay)
-            owner = (os.getuid(), os.getgid())
-            self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
-            self.index = index = DirIndex(self.store, config.prefix, self.index_writer,
-                                          self.ns.index_entries)
-            self.ns.index = index
-            self.ns.dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
-            self.flusher.on_committed = lambda cf: self.ns.index_changed(
-                parent_dir_key(config.prefix, cf.key))
+                                   commit_delay=config.commit_delay,
+                                   on_committed=lambda cf: ns.index_changed(
+                                       parent_dir_key(config.prefix, cf.key)))
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
                 await nursery.start(index.run)
-                self.ns.on_remote_file = self.cache.adopt_warm
-                self.ns.on_remote_change = self.cache.invalidate
-                self.ns.fetch_small_object = self.cache.fetch_small_object
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:
