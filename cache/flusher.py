@@ -173,8 +173,9 @@ class Flusher:
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;
         # the commit task itself backs off (without the lock) and tries again.
-        result = await self.store.retrying(what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
-                                           max_attempts=COMMIT_ATTEMPTS)
+        result: object = await self.store.retrying(
+            what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
+            max_attempts=COMMIT_ATTEMPTS)
         cf.error_streak = 0
         cf.last_error = None
         return result
@@ -295,7 +296,8 @@ class Flusher:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
-                return self.store.sync.upload_part(key, upload_id, idx + 1, body)
+                return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
+                    key, upload_id, idx + 1, body)  # type: ignore[arg-type]
 
             etag = str(await self._s3(cf, what, send))
         return etag, bodies[-1].sent_crc

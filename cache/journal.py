@@ -86,8 +86,8 @@ class PendingFile:
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"name": str, "value": str}, pk="name")
-    db["files"].create(
+    db.table("meta").create({"name": str, "value": str}, pk="name")
+    db.table("files").create(
         {
             "fid": int, "key": str, "size": int, "mode": int, "uid": int, "gid": int,
             "mtime_ns": int, "base_key": str, "base_size": int, "upload_id": str,
@@ -97,31 +97,31 @@ def _migrate_v1(db: sqlite_utils.Database) -> None:
         not_null={"key", "size", "mode", "uid", "gid", "mtime_ns"},
         defaults={"base_size": 0},
     )
-    db["chunks"].create(
+    db.table("chunks").create(
         {"fid": int, "idx": int, "state": str, "etag": str},
         pk=("fid", "idx"),
         not_null={"state"},
         foreign_keys=[("fid", "files", "fid")],
     )
-    db["uploads"].create({"upload_id": str, "key": str}, pk="upload_id")
+    db.table("uploads").create({"upload_id": str, "key": str}, pk="upload_id")
 
 
 def _migrate_v2(db: sqlite_utils.Database) -> None:
-    db["cached_files"].create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
+    db.table("cached_files").create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
                               not_null={"key", "etag", "size"})
-    db["clean_chunks"].create({"fid": int, "idx": int}, pk=("fid", "idx"))
+    db.table("clean_chunks").create({"fid": int, "idx": int}, pk=("fid", "idx"))
 
 
 def _migrate_v3(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("intent_gen", int, not_null_default=0)
+    db.table("files").add_column("intent_gen", int, not_null_default=0)
 
 
 def _migrate_v4(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("passthrough", int, not_null_default=0)
+    db.table("files").add_column("passthrough", int, not_null_default=0)
 
 
 def _migrate_v5(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("rdev", int, not_null_default=0)
+    db.table("files").add_column("rdev", int, not_null_default=0)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -248,10 +248,10 @@ class Journal:
             self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
 
     def pending_files(self) -> list[PendingFile]:
-        return [PendingFile(**row) for row in self.db["files"].rows_where(order_by="fid")]
+        return [PendingFile(**row) for row in self.db.table("files").rows_where(order_by="fid")]
 
     def rekey(self, fid: int, key: str, base_key: str | None) -> None:
-        self.db["files"].update(fid, {"key": key, "base_key": base_key})
+        self.db.table("files").update(fid, {"key": key, "base_key": base_key})
 
     # -- chunks -----------------------------------------------------------------------
 

@@ -168,7 +168,9 @@ def _reap(pid: int, timeout: float) -> str:
         time.sleep(0.05)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path | None, lines: int = 20) -> str:
+    if path is None:
+        return "(no log file)"
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)

@@ -140,8 +140,8 @@ class _Lean:
         self._region = region or "us-east-1"
         self._http = client._endpoint.http_session  # the client's pool, proxies and TLS
         self._config = client.meta.config
-        self._pool_args = {"max_idle": max_pool, "connect_timeout": connect_timeout,
-                           "read_timeout": read_timeout}
+        self._max_idle = max_pool
+        self._timeouts = (connect_timeout, read_timeout)
         self._origin = ""  # scheme://host[:port] and the bucket's path, as botocore
         self._prefix = ""  # addresses it (path or virtual-host style): set on first use
         self._wire: WirePool | None = None
@@ -156,7 +156,9 @@ class _Lean:
                 and not self._http._cert_file):
             verify = self._http._verify
             self._wire = WirePool(origin, verify=verify if verify is False
-                                  else get_cert_path(verify), **self._pool_args)
+                                  else get_cert_path(verify), max_idle=self._max_idle,
+                                  connect_timeout=self._timeouts[0],
+                                  read_timeout=self._timeouts[1])
         self._origin = origin  # last: threads that see it see the rest too
 
     @property
