@@ -165,17 +165,23 @@ class Flusher:
     # -- S3 calls with error bookkeeping ---------------------------------------------
 
     async def _s3(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
+        """An S3 call of a commit: its failed attempts show in status at once; the call
+        counts as one failure of the file (`error_streak`, which fails a waiting flush
+        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
         def on_error(exc: Exception) -> None:
-            cf.error_streak += 1
-            cf.error_count += 1
             cf.last_error = str(exc)
             self._progress_changed()
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;
         # the commit task itself backs off (without the lock) and tries again.
-        result: object = await self.store.retrying(
-            what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
-            max_attempts=COMMIT_ATTEMPTS)
+        try:
+            result: object = await self.store.retrying(
+                what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
+                max_attempts=COMMIT_ATTEMPTS)
+        except Exception:
+            cf.error_streak += 1
+            cf.error_count += 1
+            raise
         cf.error_streak = 0
         cf.last_error = None
         return result

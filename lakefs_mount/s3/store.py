@@ -7,6 +7,7 @@ base can report S3 problems without knowing anything about botocore.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,11 +19,13 @@ from xml.etree import ElementTree
 
 import boto3
 import botocore.exceptions as bce
+import botocore.session
 import urllib3.exceptions
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
-from botocore.httpsession import get_cert_path
+from botocore.httpsession import URLLib3Session, get_cert_path
+from botocore.utils import get_environ_proxies
 
 from lakefs_mount.s3.objectstore import (
     AccessDenied,
@@ -125,21 +128,27 @@ class _Lean:
     the design"). So `wire` carries them, with the client's endpoint,
     addressing style, credentials (refreshed as botocore refreshes them), timeouts and
     TLS verification; where botocore would go through a proxy or present a client
-    certificate, they take botocore's HTTP session instead. One attempt per request, as
+    certificate, they take a botocore HTTP session set up as botocore sets up its own
+    (public settings only: the client's config, the session's `ca_bundle`, the
+    environment's proxies). One attempt per request, as
     for botocore's calls (`retry` decides about more). Unlike botocore it does not follow
     S3's redirects to a bucket's region: `check_bucket` goes this way too, so a wrong
     region fails at mount time, naming the right one.
     """
 
-    def __init__(self, session: boto3.session.Session, client: Any, bucket: str,
-                 region: str | None, max_pool: int,
+    def __init__(self, session: boto3.session.Session, settings: botocore.session.Session,
+                 client: Any, bucket: str, region: str | None, max_pool: int,
                  connect_timeout: float, read_timeout: float) -> None:
         self._credentials = session.get_credentials()
         self._client = client
         self._bucket = bucket
         self._region = region or "us-east-1"
-        self._http = client._endpoint.http_session  # the client's pool, proxies and TLS
         self._config = client.meta.config
+        # The CA bundle botocore's client verifies with (AWS_CA_BUNDLE, the profile's
+        # ca_bundle, then REQUESTS_CA_BUNDLE), read where botocore reads it.
+        self._verify: bool | str = (settings.get_config_variable("ca_bundle")
+                                    or os.environ.get("REQUESTS_CA_BUNDLE") or True)
+        self._http: URLLib3Session | None = None  # through a proxy or with a client cert
         self._max_idle = max_pool
         self._timeouts = (connect_timeout, read_timeout)
         self._origin = ""  # scheme://host[:port] and the bucket's path, as botocore
@@ -152,9 +161,14 @@ class _Lean:
         parts = urlsplit(probe)
         origin = f"{parts.scheme}://{parts.netloc}"
         self._prefix = parts.path[:-1]
-        if (self._http._proxy_config.proxy_url_for(probe) is None
-                and not self._http._cert_file):
-            verify = self._http._verify
+        proxies = self._config.proxies or get_environ_proxies(probe)
+        if proxies.get(parts.scheme) or self._config.client_cert:
+            self._http = URLLib3Session(
+                verify=self._verify, proxies=proxies, timeout=self._timeouts,
+                max_pool_connections=self._max_idle, client_cert=self._config.client_cert,
+                proxies_config=self._config.proxies_config)
+        else:
+            verify = self._verify
             self._wire = WirePool(origin, verify=verify if verify is False
                                   else get_cert_path(verify), max_idle=self._max_idle,
                                   connect_timeout=self._timeouts[0],
@@ -193,7 +207,7 @@ class _Lean:
                    body: bytes | PiecewiseBody) -> Any:
         frozen = self._credentials.get_frozen_credentials()
         if self._wire is None:
-            assert isinstance(body, bytes)
+            assert isinstance(body, bytes) and self._http is not None
             request = AWSRequest(method=method, url=self._origin + target,
                                  headers=dict(headers), data=body, stream_output=True)
             request.context["client_config"] = self._config
@@ -334,8 +348,10 @@ class S3ObjectStore:
                  read_timeout: float = 60.0, max_attempts: int = 3) -> None:
         self.bucket = bucket
         self.endpoint_url = endpoint_url
+        settings = botocore.session.Session()  # (its settings are read by _Lean too)
         try:
             session = boto3.session.Session(
+                botocore_session=settings,
                 profile_name=profile,
                 aws_access_key_id=access_key,
                 aws_secret_access_key=secret_key,
@@ -355,7 +371,7 @@ class S3ObjectStore:
             region_name=region,
             config=_client_config(endpoint_url, max_pool, connect_timeout, read_timeout),
         )
-        self._lean = _Lean(session, self._client, bucket, region, max_pool,
+        self._lean = _Lean(session, settings, self._client, bucket, region, max_pool,
                            connect_timeout, read_timeout)
         self.max_attempts = max(1, max_attempts)  # per call, transient failures (`retry`)
 
