@@ -375,7 +375,8 @@ class Flusher:
             if cf in self._commit_wanted:  # requested meanwhile: it may start now
                 self._queue_due(cf, self._commit_wanted[cf])
             self._progress_changed()
-        if failed:
+        if failed:  # the commit is tried again after this: a retry too
+            self.metrics[m.RETRIES] += 1
             await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
