@@ -27,6 +27,8 @@ class ObjectStoreError(Exception):
     attempt may succeed (throttling, a 5xx, a connection failure; see s3/retry)."""
 
     transient = False
+    code = ""  # S3's error code, where S3 answered (e.g. "SlowDown")
+    status: int | None = None  # the HTTP status of that answer
 
 
 class NoSuchBucket(ObjectStoreError):

@@ -8,19 +8,14 @@ base can report S3 problems without knowing anything about botocore.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, NoReturn
-from urllib.parse import quote, unquote_plus, urlsplit
-from xml.etree import ElementTree
+from urllib.parse import quote, urlsplit
 
 import boto3
 import botocore.exceptions as bce
 import botocore.session
-import urllib3.exceptions
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
@@ -38,6 +33,16 @@ from lakefs_mount.s3.objectstore import (
     ObjectStoreError,
     PendingUpload,
     PiecewiseBody,
+)
+from lakefs_mount.s3.replies import (
+    META_PREFIX,
+    BodyLost,
+    ErrorReply,
+    info_from_headers,
+    parse_listing_page,
+    quote_etag,
+    read_body,
+    strip_etag,
 )
 from lakefs_mount.s3.retry import TRANSIENT_CODES, TRANSIENT_STATUS, retried
 from lakefs_mount.s3.wire import (
@@ -58,6 +63,7 @@ __all__ = ["S3ObjectStore", "MAX_COPY_OBJECT_SIZE", "COPY_PART_SIZE"]
 MAX_COPY_OBJECT_SIZE = 5 * 1024**3  # CopyObject refuses sources larger than 5 GiB
 COPY_PART_SIZE = 1024**3  # part size of the multipart copy used above that limit
 DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys
+STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
 
 _AUTH_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "403",
@@ -68,23 +74,12 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 # What each connection failure means to a user (the class name means nothing to them).
 _CONNECT_FAILURES: dict[type, str] = {
     bce.EndpointConnectionError: "could not connect",
+    ConnectFailed: "could not connect",
     bce.ConnectTimeoutError: "could not connect: connection timed out",
+    ConnectTimedOut: "could not connect: connection timed out",
     bce.ConnectionClosedError: "the connection was closed",
+    ConnectionLost: "the connection was closed",
 }
-
-
-STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
-_META_PREFIX = "x-amz-meta-"
-_ERROR_CODE = re.compile(rb"<Code>([^<]*)</Code>")
-_ERROR_MESSAGE = re.compile(rb"<Message>([^<]*)</Message>")
-
-def _strip_etag(etag: str | None) -> str:
-    """S3 quotes ETags (SeaweedFS sometimes does not); the interface never does."""
-    return (etag or "").strip().strip('"')
-
-
-def _quote_etag(etag: str) -> str:
-    return f'"{_strip_etag(etag)}"'
 
 
 def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: float,
@@ -186,7 +181,8 @@ class _Lean:
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
              body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None
              ) -> Any:
-        """One signed request; raises ClientError for non-2xx.
+        """One signed request; raises ErrorReply for non-2xx, WireError for a failed
+        connection.
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
             raise bce.NoCredentialsError()
@@ -200,8 +196,8 @@ class _Lean:
             return response
         content = b"" if method == "HEAD" else response.raw.read()
         response.raw.release_conn()
-        raise _client_error(op, response.status_code, content,
-                            response.headers.get("x-amz-bucket-region"))
+        raise ErrorReply.parse(response.status_code, content,
+                               response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
                    body: bytes | PiecewiseBody) -> Any:
@@ -217,63 +213,7 @@ class _Lean:
         signed = sign(method, self._wire.host, path, query, headers,
                       Keys(frozen.access_key, frozen.secret_key, frozen.token),
                       self._region)
-        try:
-            return self._wire.request(method, target, signed, body)
-        except WireError as exc:
-            raise _botocore_error(exc, self._origin + target) from exc
-
-
-def _botocore_error(exc: WireError, url: str) -> bce.BotoCoreError:
-    """The exception botocore raises for the same failure, so one mapping serves both."""
-    if isinstance(exc, CertificateRefused):
-        return bce.SSLError(endpoint_url=url, error=exc)
-    if isinstance(exc, ConnectFailed):
-        return bce.EndpointConnectionError(endpoint_url=url, error=exc)
-    if isinstance(exc, ConnectTimedOut):
-        return bce.ConnectTimeoutError(endpoint_url=url, error=exc)
-    if isinstance(exc, ReadTimedOut):
-        return bce.ReadTimeoutError(endpoint_url=url, error=exc)
-    return bce.ConnectionClosedError(endpoint_url=url, error=exc)
-
-
-def _client_error(op: str, status: int, content: bytes,
-                  region: str | None = None) -> bce.ClientError:
-    """The ClientError botocore would raise, so that one mapping serves both paths."""
-    code = _ERROR_CODE.search(content)
-    message = _ERROR_MESSAGE.search(content)
-    return bce.ClientError({
-        "Error": {"Code": code.group(1).decode() if code else str(status),
-                  "Message": message.group(1).decode() if message else "",
-                  "Region": region or ""},
-        "ResponseMetadata": {"HTTPStatusCode": status},
-    }, op)
-
-
-def _read_body(response: Any, piece: int | None = None) -> Iterator[bytes]:
-    """The body in pieces, checked against Content-Length; the connection goes back
-    to the pool only when the body was read whole."""
-    expected = response.headers.get("Content-Length")
-    raw = response.raw
-    got = 0
-    try:
-        while data := raw.read(piece):
-            got += len(data)
-            yield data
-            if piece is None:
-                break
-    except (urllib3.exceptions.ReadTimeoutError, ReadTimedOut) as exc:  # as botocore's
-        raw.close()  # StreamingBody does
-        raise bce.ReadTimeoutError(endpoint_url=response.url, error=exc) from exc
-    except (urllib3.exceptions.ProtocolError, ConnectionLost) as exc:
-        raw.close()
-        raise bce.ResponseStreamingError(error=exc) from exc
-    except BaseException:
-        raw.close()
-        raise
-    if expected is not None and got != int(expected):
-        raw.close()
-        raise bce.IncompleteReadError(actual_bytes=got, expected_bytes=int(expected))
-    raw.release_conn()
+        return self._wire.request(method, target, signed, body)
 
 
 def _listing_pages(lean: _Lean, prefix: str, delimiter: str | None
@@ -284,49 +224,20 @@ def _listing_pages(lean: _Lean, prefix: str, delimiter: str | None
         query["delimiter"] = delimiter
     while True:
         response = lean.send("ListObjectsV2", "GET", "", query=query)
-        try:
-            root = ElementTree.fromstring(b"".join(_read_body(response)))
-            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-            # Keys come URL-encoded (so that any byte survives XML) when the server says so.
-            name = unquote_plus if root.findtext(ns + "EncodingType") == "url" else str
-            objects = [ObjectInfo(
-                key=name(item.findtext(ns + "Key") or ""),
-                size=int(item.findtext(ns + "Size") or 0),
-                etag=_strip_etag(item.findtext(ns + "ETag")),
-                mtime=datetime.fromisoformat(item.findtext(ns + "LastModified") or "")
-                .timestamp(),
-            ) for item in root.iterfind(ns + "Contents")]
-        except (ElementTree.ParseError, ValueError) as exc:
-            raise ObjectStoreError(f"S3 ListObjectsV2 of '{prefix}' returned a listing that"
-                                   f" cannot be read ({exc})") from exc
-        prefixes = [name(p.findtext(ns + "Prefix") or "")
-                    for p in root.iterfind(ns + "CommonPrefixes")]
+        objects, prefixes, token = parse_listing_page(b"".join(read_body(response)), prefix)
         yield objects, prefixes
-        token = root.findtext(ns + "NextContinuationToken")
-        if root.findtext(ns + "IsTruncated") != "true" or not token:
+        if token is None:
             return
         query["continuation-token"] = token
 
 
-def _info_from_headers(key: str, headers: Any) -> ObjectInfo:
-    modified = headers.get("Last-Modified")
-    return ObjectInfo(
-        key=key,
-        size=int(headers.get("Content-Length", 0)),
-        etag=_strip_etag(headers.get("ETag")),
-        mtime=parsedate_to_datetime(modified).timestamp() if modified else 0.0,
-        metadata={k.lower()[len(_META_PREFIX):]: v for k, v in headers.items()
-                  if k.lower().startswith(_META_PREFIX)},
-    )
-
-
 def _transient(exc: Exception) -> bool:
-    """Whether botocore's failure is one another attempt may fix (as its standard mode
+    """Whether a failure is one another attempt may fix (as botocore's standard mode
     judges: throttling, 5xx, connections refused, reset or timed out)."""
-    if isinstance(exc, bce.ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return status in TRANSIENT_STATUS or code in TRANSIENT_CODES
+    if isinstance(exc, ErrorReply):
+        return exc.status in TRANSIENT_STATUS or exc.code in TRANSIENT_CODES
+    if isinstance(exc, WireError):
+        return not isinstance(exc, CertificateRefused)
     return isinstance(exc, bce.EndpointConnectionError | bce.ConnectionClosedError
                       | bce.ReadTimeoutError | bce.ConnectTimeoutError
                       | bce.ResponseStreamingError | bce.IncompleteReadError)
@@ -381,12 +292,12 @@ class S3ObjectStore:
     # ------------------------------------------------------------------ errors
 
     def _raise(self, exc: Exception, op: str, key: str | None) -> NoReturn:
-        """Translate a botocore exception into the interface's exceptions."""
+        """Translate a failure (S3's error reply, botocore's or the lean transport's
+        exception) into the interface's exceptions."""
         where = f"'s3://{self.bucket}/{key}'" if key is not None else f"bucket '{self.bucket}'"
-        if isinstance(exc, bce.ClientError):
-            err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        reply = ErrorReply.of(exc) if isinstance(exc, bce.ClientError) else exc
+        if isinstance(reply, ErrorReply):
+            code, status = reply.code, reply.status
             if code == "NoSuchBucket" or (op == "HeadBucket" and status == 404):
                 raise NoSuchBucket(
                     f"bucket '{self.bucket}' does not exist at {self._where}") from exc
@@ -402,31 +313,34 @@ class S3ObjectStore:
             if code in _NOT_FOUND_CODES:
                 raise NoSuchKey(f"{where} does not exist") from exc
             if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed"):
-                right = f" ({err['Region']})" if err.get("Region") else ""
+                right = f" ({reply.region})" if reply.region else ""
                 raise ObjectStoreError(
                     f"bucket '{self.bucket}' is in another region than {self.region!r}:"
                     f" pass the right region{right}") from exc
-            message = str(err.get("Message", "")) or str(status)
-            raise ObjectStoreError(f"S3 {op} on {where} failed: {code}: {message}") from exc
+            raise ObjectStoreError(f"S3 {op} on {where} failed: {code}:"
+                                   f" {reply.message or status}") from exc
         if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):
             raise AccessDenied(
                 f"no usable S3 credentials for bucket '{self.bucket}' at {self._where}: set"
                 " AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass a profile configured in"
                 " ~/.aws/credentials") from exc
-        if isinstance(exc, bce.SSLError):
+        if isinstance(exc, bce.SSLError | CertificateRefused):
+            why = exc if isinstance(exc, CertificateRefused) else exc.kwargs.get("error")
             raise EndpointUnreachable(
                 f"S3 endpoint {self._where} is unreachable: its TLS certificate was not"
-                f" accepted ({exc.kwargs.get('error')}); if it is signed by a private CA,"
+                f" accepted ({why}); if it is signed by a private CA,"
                 " point AWS_CA_BUNDLE at that CA's certificate") from exc
+        if isinstance(exc, BodyLost):
+            raise ObjectStoreError(f"S3 {op} on {where} failed: {exc}") from exc
+        if isinstance(exc, ReadTimedOut | bce.ReadTimeoutError):
+            raise ObjectStoreError(
+                f"S3 {op} on {where} timed out waiting for {self._where}") from exc
         if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError
-                      | bce.ConnectionClosedError):
+                      | bce.ConnectionClosedError | WireError):
             how = _CONNECT_FAILURES.get(type(exc), "could not connect")
             raise EndpointUnreachable(
                 f"S3 endpoint {self._where} is unreachable ({how}): is the server running"
                 " and the address right?") from exc
-        if isinstance(exc, bce.ReadTimeoutError):
-            raise ObjectStoreError(
-                f"S3 {op} on {where} timed out waiting for {self._where}") from exc
         if isinstance(exc, bce.BotoCoreError):
             raise ObjectStoreError(
                 f"S3 {op} on {where} failed: {type(exc).__name__}: {exc}") from exc
@@ -436,11 +350,14 @@ class S3ObjectStore:
     def _errors(self, op: str, key: str | None = None) -> Iterator[None]:
         try:
             yield
-        except (bce.ClientError, bce.BotoCoreError) as exc:
+        except (bce.ClientError, bce.BotoCoreError, ErrorReply, WireError) as exc:
             try:
                 self._raise(exc, op, key)
             except ObjectStoreError as err:
-                err.transient = _transient(exc)
+                reply = ErrorReply.of(exc) if isinstance(exc, bce.ClientError) else exc
+                if isinstance(reply, ErrorReply):
+                    err.code, err.status = reply.code, reply.status
+                err.transient = _transient(reply)
                 raise
 
     # ------------------------------------------------------------- bucket level
@@ -458,9 +375,7 @@ class S3ObjectStore:
             with self._errors("CreateBucket"):
                 self._client.create_bucket(Bucket=self.bucket)
         except ObjectStoreError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, bce.ClientError) and cause.response.get("Error", {}).get(
-                    "Code") in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            if exc.code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 return
             raise
 
@@ -480,17 +395,17 @@ class S3ObjectStore:
                 response.raw.release_conn()
         except NoSuchKey:
             return None
-        return _info_from_headers(key, response.headers)
+        return info_from_headers(key, response.headers)
 
     @retried
     def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
         try:
             with self._errors("GetObject", key):
                 response = self._lean.send("GetObject", "GET", key)
-                data = b"".join(_read_body(response))
+                data = b"".join(read_body(response))
         except NoSuchKey:
             return None
-        return _info_from_headers(key, response.headers), data
+        return info_from_headers(key, response.headers), data
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         pieces: list[bytes] = []
@@ -507,14 +422,11 @@ class S3ObjectStore:
             with self._errors("GetObject", key):
                 response = self._lean.send("GetObject", "GET", key,
                                            {"Range": f"bytes={start}-{end - 1}"})
-                for piece in _read_body(response, STREAM_PIECE):
+                for piece in read_body(response, STREAM_PIECE):
                     write(start + done, piece)
                     done += len(piece)
         except ObjectStoreError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, bce.ClientError) and (
-                    cause.response.get("Error", {}).get("Code") == "InvalidRange"
-                    or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416):
+            if exc.code == "InvalidRange" or exc.status == 416:
                 return 0  # start is at or past the end of the object
             raise
         return done
@@ -522,7 +434,7 @@ class S3ObjectStore:
     @retried
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
         data = body if isinstance(body, bytes) else bytes(body)
-        headers = {_META_PREFIX + name: value for name, value in metadata.items()}
+        headers = {META_PREFIX + name: value for name, value in metadata.items()}
         return self._lean_put("PutObject", key, headers, data)
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
@@ -530,8 +442,8 @@ class S3ObjectStore:
         """A PUT the lean path sends (an object, a part); returns the ETag."""
         with self._errors(op, key):
             response = self._lean.send(op, "PUT", key, headers, body, query)
-            b"".join(_read_body(response))
-        return _strip_etag(response.headers.get("ETag"))
+            b"".join(read_body(response))
+        return strip_etag(response.headers.get("ETag"))
 
     @retried
     def list_dir(self, prefix: str) -> Listing:
@@ -588,7 +500,7 @@ class S3ObjectStore:
             resp = self._client.copy_object(
                 Bucket=self.bucket, Key=dst,
                 CopySource={"Bucket": self.bucket, "Key": src}, **kwargs)
-        return _strip_etag(resp.get("CopyObjectResult", {}).get("ETag"))
+        return strip_etag(resp.get("CopyObjectResult", {}).get("ETag"))
 
     def _multipart_copy(self, src: str, dst: str, size: int,
                         metadata: dict[str, str]) -> str:
@@ -630,7 +542,7 @@ class S3ObjectStore:
             resp = self._client.upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
                 Body=data)
-        return _strip_etag(resp.get("ETag"))
+        return strip_etag(resp.get("ETag"))
 
     @retried
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
@@ -640,7 +552,7 @@ class S3ObjectStore:
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
                 CopySource={"Bucket": self.bucket, "Key": src_key},
                 CopySourceRange=f"bytes={start}-{end - 1}")
-        return _strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
+        return strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
 
     @retried
     def complete_multipart(self, key: str, upload_id: str,
@@ -648,9 +560,9 @@ class S3ObjectStore:
         with self._errors("CompleteMultipartUpload", key):
             resp = self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": _quote_etag(etag)}
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": quote_etag(etag)}
                                            for n, etag in parts]})
-        return _strip_etag(resp.get("ETag"))
+        return strip_etag(resp.get("ETag"))
 
     @retried
     def abort_multipart(self, key: str, upload_id: str) -> None:
@@ -668,7 +580,7 @@ class S3ObjectStore:
         with self._errors("ListParts", key):
             for page in paginator.paginate(Bucket=self.bucket, Key=key, UploadId=upload_id):
                 for part in page.get("Parts", []):
-                    parts[int(part["PartNumber"])] = _strip_etag(part.get("ETag"))
+                    parts[int(part["PartNumber"])] = strip_etag(part.get("ETag"))
         return parts
 
     @retried
