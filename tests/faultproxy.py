@@ -174,18 +174,7 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            with contextlib.suppress(OSError):
-                upstream.shutdown(socket.SHUT_WR)
-            with self._lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-                if last:
-                    self._socks.discard(client)
-                    self._socks.discard(upstream)
-            if last:
-                for sock in (client, upstream):
-                    with contextlib.suppress(OSError):
-                        sock.close()
+            self._pump_done(client, upstream, pending)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name="faultproxy-pump",
@@ -217,23 +206,27 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            if self._fail:
-                _reset(src)
-                _reset(dst)
-            else:
-                # half-close: let the other direction finish its response
-                with contextlib.suppress(OSError):
-                    dst.shutdown(socket.SHUT_WR)
-            with self._lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-                if last:
-                    self._socks.discard(src)
-                    self._socks.discard(dst)
+            self._pump_done(src, dst, pending)
+
+    def _pump_done(self, src: socket.socket, dst: socket.socket, pending: list[int]) -> None:
+        """One direction ended: half-close (the other may still finish its response), or
+        reset both in an outage; the last of the two pumps closes both sockets."""
+        if self._fail:
+            _reset(src)
+            _reset(dst)
+        else:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+        with self._lock:
+            pending[0] -= 1
+            last = pending[0] == 0
             if last:
-                for sock in (src, dst):
-                    with contextlib.suppress(OSError):
-                        sock.close()
+                self._socks.discard(src)
+                self._socks.discard(dst)
+        if last:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     def close(self) -> None:
         """Stop accepting, reset every connection and join the threads."""
