@@ -141,6 +141,10 @@ class WarmFile:
 CleanNote = tuple[int, str, str, int, list[int]]  # fid, key, etag, size, chunk indices
 
 
+class JournalDamaged(Exception):
+    """The journal cannot be trusted: the mount refuses to start and deletes nothing."""
+
+
 class Journal:
     """Synchronous journal access; the daemon calls it from one worker thread at a time."""
 
@@ -151,11 +155,22 @@ class Journal:
         os.close(fd)
         os.chmod(path, 0o600)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self.db = sqlite_utils.Database(self._conn)
-        self.db.enable_wal()
-        self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self.db = sqlite_utils.Database(self._conn)
+            self.db.enable_wal()
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            problems = [r[0] for r in self._conn.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(problems[:3]))
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise JournalDamaged(
+                f"the journal {path} is damaged ({exc}): what it says is still to upload "
+                f"cannot be trusted, so nothing was mounted and nothing deleted. Move "
+                f"{path.parent} aside (its data/ files are the cached bytes) and mount with "
+                f"a new --cache-dir") from exc
         for suffix in ("-wal", "-shm"):
             side = Path(str(path) + suffix)
             if side.exists():

@@ -480,6 +480,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("errors", "errors", str),
     ("last_error", "last error", str),
     ("cache_used", "cache used", human_bytes),
+    ("orphans", "orphaned cache files", lambda v: f"{human_bytes(v)} (see the log)"),
     ("cache_size", "cache size", human_bytes),
     ("cache_dir", "cache dir", str),
 ]

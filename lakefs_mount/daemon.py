@@ -22,9 +22,10 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.flusher import Flusher
-from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
+from lakefs_mount.cache.warm import orphans_dir
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
 from lakefs_mount.control import serve_control
@@ -185,6 +186,8 @@ class Daemon:
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
                 await self.cache.settle_all()
                 await self.journal.write_notes()
+                await self.cache.warm.sweep(self.cache.data_dir, {  # (by fid: all have one)
+                    fid for fid, cf in self.cache.files.items() if cf.openers})
                 nursery.cancel_scope.cancel()
 
     async def _open_session(self) -> NativeSession | Pyfuse3Session:
@@ -262,6 +265,8 @@ class Daemon:
             "cache_dir": str(self.config.resolved_cache_dir()),
             "cache_size": self.config.cache_size,
             "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
+            # cache files a crash or a damaged journal left unnamed (warm.py): None if none
+            "orphans": await trio.to_thread.run_sync(_disk_usage, orphans_dir(cache.data_dir)),
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],
@@ -372,7 +377,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             journal = Journal(cache_dir / JOURNAL_NAME)
             stack.callback(journal.close)
             _check_journal_matches(journal, config)
-        except (StartupError, ObjectStoreError, ValueError, OSError) as exc:
+        except (StartupError, ObjectStoreError, JournalDamaged, ValueError, OSError) as exc:
             log.error("mount failed: %s", exc)
             ready_once(str(exc))
             return 1
