@@ -25,6 +25,7 @@ from lakefs_mount.config import (
     MountConfig,
     default_log_file,
     human_bytes,
+    parse_metrics_addr,
     parse_size,
     parse_source,
 )
@@ -147,6 +148,9 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
               help="Log file (default: <state dir>/logs/<mount id>.log).")
 @click.option("--embedded-dir", type=click.Path(path_type=Path),
               help="Data directory of the embedded S3 server (only without SOURCE).")
+@click.option("--metrics-addr", metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
+              "':PORT' listens on 127.0.0.1 only).")
 @click.pass_context
 def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     """Mount SOURCE (s3://bucket[/prefix]) at MOUNTPOINT.
@@ -207,6 +211,11 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
     if cache_dir is not None and _is_relative_to(cache_dir, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
                                  param_hint="'--cache-dir'")
+    if opts["metrics_addr"] is not None:
+        try:
+            parse_metrics_addr(opts["metrics_addr"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param_hint="'--metrics-addr'") from None
     log_file = _abs(opts["log_file"]) if opts["log_file"] else default_log_file(mountpoint)
     if _is_relative_to(log_file, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
@@ -224,6 +233,7 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
         log_file=log_file,
         embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,
+        metrics_addr=opts["metrics_addr"],
     )
 
 

@@ -34,6 +34,7 @@ from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
+from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.s3.aiostore import AsyncStore
@@ -135,6 +136,8 @@ class Daemon:
         self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
         self.flush_on_exit = True
+        self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
+        self.metrics_addr: str | None = None  # where /metrics listens, if it does
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -176,6 +179,7 @@ class Daemon:
                              session.name)
                     if session.name == "pyfuse3" and not self.splice_writes:
                         log.info("%s", splice_advice())
+                    self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
                     await session.serve()
                 finally:
@@ -267,8 +271,20 @@ class Daemon:
             "errors": self.metrics[m.ERRORS],
             "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
             **self.flusher.status(),
+            "metrics_addr": self.metrics_addr,
             "counters": dict(self.metrics),
         }
+
+    def status_from_thread(self) -> dict[str, Any] | None:
+        """`status` for a thread outside the loop (the /metrics server): computed in the
+        loop, so a scrape sees what `status --json` says; None before the mount is up or
+        once the loop has ended."""
+        if self.trio_token is None:
+            return None
+        try:
+            return trio.from_thread.run(self.status, trio_token=self.trio_token)
+        except trio.RunFinishedError:
+            return None
 
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
@@ -377,6 +393,15 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             ready_once(str(exc))
             return 1
         daemon = Daemon(config, store, journal)
+        if config.metrics_addr is not None:
+            try:
+                server = MetricsServer(config.metrics_addr, daemon.status_from_thread)
+            except OSError as exc:
+                log.error("mount failed: %s", exc.strerror)
+                ready_once(exc.strerror)
+                return 1
+            stack.callback(server.close)
+            daemon.metrics_addr = server.address
         try:
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
