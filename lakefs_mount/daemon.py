@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount import sdnotify
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal
 from lakefs_mount.cache.manager import CacheManager
@@ -185,6 +186,7 @@ class Daemon:
                 finally:
                     session.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
+                sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
                 await self.cache.settle_all()
@@ -376,6 +378,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
         if not reported:
             reported = True
             report_ready(error)
+            notify_ready(config, error)
 
     with ExitStack() as stack:
         try:
@@ -409,6 +412,15 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             ready_once(f"mount failed: {exc}")
             return 1
     return 0
+
+
+def notify_ready(config: MountConfig, error: str | None) -> None:
+    """Tell systemd (Type=notify) that the mount is usable, or why it failed."""
+    if error is None:
+        sdnotify.notify(READY=1, STATUS=f"mounted s3://{config.bucket}/{config.prefix} at "
+                        f"{config.mountpoint}")
+    else:
+        sdnotify.notify(STATUS=f"mount failed: {error}")
 
 
 def _check_journal_matches(journal: Journal, config: MountConfig) -> None:
