@@ -30,6 +30,7 @@ from lakefs_mount.config import (
     parse_source,
 )
 from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.logsetup import LOG_FORMATS
 from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
 from lakefs_mount.s3.objectstore import ObjectStoreError
 
@@ -144,6 +145,8 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, metavar="[DEBUG|INFO|WARNING|ERROR]")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="Log lines as text, or as one JSON object per line for log shippers.")
 @click.option("--log-file", type=click.Path(path_type=Path),
               help="Log file (default: <state dir>/logs/<mount id>.log).")
 @click.option("--embedded-dir", type=click.Path(path_type=Path),
@@ -231,7 +234,7 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         metadata_ttl=opts["metadata_ttl"],
         commit_delay=opts["commit_delay"],
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
-        log_file=log_file,
+        log_file=log_file, log_format=opts["log_format"],
         embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,
         metrics_addr=opts["metrics_addr"],
     )

@@ -69,6 +69,7 @@ class MountConfig:
     read_ahead: int = 4  # chunks
     log_level: str = "INFO"
     log_file: Path | None = None
+    log_format: str = "text"  # "text" | "json" (one JSON object per line)
     embedded_dir: Path | None = None  # state of the embedded SeaweedFS
     metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
 
