@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -112,3 +113,11 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
         assert samples[m.prometheus_counter(name) + "_total"] == \
             status["counters"].get(name, 0), name
     assert samples["lakefs_mount_uploaded_bytes_total"] >= len(data)
+
+
+def test_readme_lists_every_exported_metric():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    names = [m.prometheus_counter(name) + "_total" for name in m.COUNTERS]
+    names += [m.PROMETHEUS_PREFIX + name for name, _ in m.GAUGES.values()]
+    missing = [name for name in names + ["lakefs_mount_info"] if f"`{name}`" not in readme]
+    assert not missing, missing
