@@ -50,6 +50,7 @@ class _Group(click.Group):
              **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        args = self._mount_fuse_form(args)
         try:
             rv = super().main(args, prog_name or PROG, complete_var, False, **extra)
         except click.UsageError as exc:
@@ -62,6 +63,20 @@ class _Group(click.Group):
         except (click.Abort, KeyboardInterrupt):
             _fail("interrupted", 130)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _mount_fuse_form(self, args: Any) -> Any:
+        """fuse3's generic helper mount.fuse3, which mount(8) runs for `-t fuse.lakefs-mount`
+        where /sbin has no mount.fuse.lakefs-mount, runs `lakefs-mount SOURCE MOUNTPOINT -o
+        OPTIONS`: that command line means what it means to mount.fuse.lakefs-mount."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if not argv or argv[0] in self.commands or argv[0].startswith("-") or "-o" not in argv:
+            return args
+        from lakefs_mount.cli.mount_helper import HelperError, mount_arguments
+
+        try:
+            return mount_arguments(argv)[0]
+        except HelperError as exc:
+            _fail(str(exc), 1)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -24,7 +24,10 @@ HELPER = "mount.fuse.lakefs-mount"
 NOT_FOR_HELPER = frozenset({"foreground", "help"})
 # Items that belong to mount(8), fstab or systemd, not to the filesystem: passed over.
 PASSED_OVER = frozenset({"defaults", "auto", "noauto", "nofail", "_netdev", "rw", "user",
-                         "users", "nouser", "owner", "group", "comment"})
+                         "users", "nouser", "owner", "group", "comment",
+                         # mount flags the daemon sets itself (always nodev); mount.fuse3
+                         # adds `dev,suid` to what it passes on
+                         "dev", "nodev", "suid", "nosuid", "exec", "noexec"})
 PASSED_OVER_PREFIXES = ("x-",)  # x-systemd.*, x-gvfs-* and other userspace-only items
 # fstab spellings of `mount` flags.
 ALIASES = {"ro": "read-only"}

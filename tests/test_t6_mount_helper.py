@@ -5,6 +5,7 @@ spelling, and a plain `umount` leaves every byte in S3 once the daemon has exite
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from test_t2_mountpoint import needs_fuse, needs_root
 
 from lakefs_mount.cli.main import cli
@@ -163,6 +165,36 @@ def test_fstab_line_mounts_with_mount_dir_and_umount_leaves_every_byte_in_s3(
     with fstab_restored.open("a") as f:
         f.write(f"\n{m.source} {m.path} fuse.lakefs-mount {_options(m)} 0 0\n")
     proc = subprocess.run(["mount", str(m.path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
+    m.pid = m.status()["pid"]
+    files = _write_checkpoint(m.path)
+    _umount_and_wait(m)
+    _assert_in_s3(s3, files)
+
+
+def test_the_mount_fuse3_command_line_of_lakefs_mount_is_a_helper_call(tmp_path):
+    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items."""
+    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
+                                      "cache_dir=/tmp/c,dev,suid,bogus=1"])
+    assert result.exit_code == 1
+    assert "unknown mount option 'bogus'" in result.stderr
+    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
+                                      f"cache_dir={tmp_path / 'c'},dev,suid"])
+    assert result.exit_code == 2 and "does not exist" in result.stderr  # `mount` checked it
+
+
+@needs_root
+@needs_fuse
+@pytest.mark.skipif(shutil.which("mount.fuse3") is None, reason="fuse3 not installed")
+def test_fuse3s_generic_helper_mounts_it_through_the_lakefs_mount_command(mount_factory, s3):
+    """What mount(8) does where /sbin has no mount.fuse.lakefs-mount: it runs mount.fuse3,
+    which runs the `lakefs-mount` it finds on PATH (called directly here, as mount(8) would
+    find the installed /usr/local/bin/lakefs-mount, not this environment's)."""
+    m = mount_factory(start=False)
+    env = {**os.environ, "PATH": f"{HELPER.parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["mount.fuse3", m.source, str(m.path), "-t", "fuse.lakefs-mount",
+                           "-o", _options(m)], capture_output=True, text=True, timeout=180,
+                          env=env)
     assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
     m.pid = m.status()["pid"]
     files = _write_checkpoint(m.path)
