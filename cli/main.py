@@ -504,6 +504,9 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("files_pending", "files pending", str),
     ("uploads_in_flight", "uploads in flight", str),
     ("bytes_uploaded", "bytes uploaded", human_bytes),
+    ("upload_rate", "upload rate", str),  # these three: status --watch
+    ("download_rate", "download rate", str),
+    ("time_to_clean", "time to clean", str),
     ("retries", "retries", str),
     ("errors", "errors", str),
     ("last_error", "last error", str),
@@ -536,11 +539,26 @@ def format_status(status: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               metavar="SECONDS")
-def status(mountpoint: Path, as_json: bool, timeout: float) -> None:
+@click.option("--watch", is_flag=True, help="Show it again every --interval, with upload "
+              "and download rates and the time to clean, until interrupted.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              metavar="SECONDS", help="Seconds between samples of --watch.")
+def status(mountpoint: Path, as_json: bool, timeout: float, watch: bool,
+           interval: float) -> None:
     """Show dirty data, uploads, errors and cache use of a mount."""
-    result = control.call(_abs(mountpoint), {"op": "status"}, timeout=timeout)
-    result = {k: v for k, v in result.items()
-              if not any(w in k.lower() for w in _SECRET_WORDS)}
+    def fetch() -> dict:
+        result = control.call(_abs(mountpoint), {"op": "status"}, timeout=timeout)
+        return {k: v for k, v in result.items()
+                if not any(w in k.lower() for w in _SECRET_WORDS)}
+
+    if watch:
+        from lakefs_mount.cli.watch import watch_status
+
+        try:
+            watch_status(fetch, interval, as_json, format_status)
+        except KeyboardInterrupt:
+            return
+    result = fetch()
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
     else:
