@@ -20,6 +20,7 @@ import click
 from lakefs_mount import control
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
 from lakefs_mount.cli.errors import PROG, CliError
+from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
 from lakefs_mount.config import (
     MiB,
     MountConfig,
@@ -258,67 +259,6 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
 # ---------------------------------------------------------------------------- flush
 
 
-class _ProgressPrinter:
-    """Prints flush progress to stderr: a live line on a TTY, a line every 10 s otherwise."""
-
-    def __init__(self, verb: str) -> None:
-        self.verb = verb
-        self.tty = sys.stderr.isatty()
-        self.interval = 1.0 if self.tty else 10.0
-        self.last_print = 0.0
-        self.last: dict | None = None
-        self.dirty_line = False
-
-    def __call__(self, info: dict) -> None:
-        self.last = info
-        now = time.monotonic()
-        if now - self.last_print < self.interval:
-            return
-        self.last_print = now
-        text = f"{self.verb}: {describe_progress(info)}"
-        if self.tty:
-            sys.stderr.write("\r\x1b[K" + text)
-            self.dirty_line = True
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.dirty_line:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.dirty_line = False
-
-
-def _left_bytes(info: dict | None) -> int | None:
-    """Bytes not yet in S3 from a progress report (the daemon says bytes_left)."""
-    info = info or {}
-    left = info.get("bytes_left", info.get("dirty_bytes"))
-    return left if isinstance(left, int) else None
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' if n != 1 else ''}"
-
-
-def describe_progress(info: dict) -> str:
-    """One human line from a progress report; the last S3 error says why it is slow."""
-    parts = []
-    left = _left_bytes(info)
-    if left is not None:
-        parts.append(f"{human_bytes(left)} left")
-    files = info.get("files_left", info.get("files"))
-    if isinstance(files, int):
-        parts.append(_count(files, "file"))
-    if "uploaded_bytes" in info:
-        parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
-    if info.get("last_error"):
-        parts.append(f"retrying after: {info['last_error']}")
-    if not parts:
-        parts = [f"{k}={v}" for k, v in info.items()]
-    return ", ".join(parts)
-
-
 def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
     """PATH (absolute inside the mount, or relative to its root) -> key-relative path."""
     if path is None:
@@ -336,15 +276,21 @@ def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
 
 
 def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,
-             left_is: str) -> dict:
-    """A daemon operation on PATH that reports progress (flush, warmup): its result, or a
-    CliError that says why it failed, or what was left when it timed out."""
+             left_is: str, as_json: bool) -> dict:
+    """A daemon operation on PATH that reports progress (flush, warmup): its result (also
+    as a JSON line on stdout with --json), or a CliError that says why it failed, or what
+    was left when it timed out."""
     name = {"warmup": "warm-up"}.get(op, op)
-    printer = _ProgressPrinter(verb)
+    printer = ProgressPrinter(verb, as_json)
     try:
-        return control.call(mp, {"op": op, "path": rel}, timeout=timeout, on_progress=printer)
+        result = control.call(mp, {"op": op, "path": rel}, timeout=timeout,
+                              on_progress=printer)
+        printer.done(finished=True)
+        if as_json:
+            click.echo(json.dumps({"result": result}, default=str))
+        return result
     except ControlTimeout as exc:
-        left = _left_bytes(exc.last_progress or printer.last)
+        left = left_bytes(exc.last_progress or printer.last)
         still = f"; {left} bytes ({human_bytes(left)}) {left_is}" if left is not None else ""
         raise CliError(f"{name} timed out after {timeout:g} s{still}") from None
     except ControlError as exc:
@@ -354,8 +300,10 @@ def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: st
 
 
 def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Command]:
-    """A command over MOUNTPOINT [PATH] with --timeout (flush, warmup)."""
+    """A command over MOUNTPOINT [PATH] with --timeout and --json (flush, warmup)."""
     def make(fn: Callable[..., None]) -> click.Command:
+        fn = click.option("--json", "as_json", is_flag=True,
+                          help="Progress and result as JSON lines on stdout, for scripts.")(fn)
         fn = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
                           help=timeout_help)(fn)
         fn = click.argument("path", required=False)(fn)
@@ -365,7 +313,7 @@ def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Co
 
 
 @_path_command("Give up (exit 1) after this long; default: wait until done.")
-def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+def flush(mountpoint: Path, path: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until everything written under PATH (default: the whole mount) is in S3.
 
     PATH is absolute inside the mount or relative to its root. Exit status 0 only when the
@@ -373,15 +321,15 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """
     mp = _abs(mountpoint)
     rel = _relative_in_mount(mp, path)
-    result = _path_op("flush", mp, rel, timeout, "flushing", "still dirty")
-    if sys.stderr.isatty():
+    result = _path_op("flush", mp, rel, timeout, "flushing", "still dirty", as_json)
+    if sys.stderr.isatty() and not as_json:
         flushed = result.get("flushed_bytes")
         extra = f" ({human_bytes(flushed)} uploaded)" if flushed else ""
         click.echo(f"{PROG}: {mp / (rel or '')} is in S3{extra}", err=True)
 
 
 @_path_command("Give up (exit 1) after this long; what came stays cached.")
-def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+def warmup(mountpoint: Path, path: str | None, timeout: float | None, as_json: bool) -> None:
     """Fetch every file under PATH (default: the whole mount) from S3 into the cache.
 
     A restore that follows reads from the cache disk instead of S3: run it while the job
@@ -392,11 +340,13 @@ def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """
     mp = _abs(mountpoint)
     rel = _relative_in_mount(mp, path)
-    result = _path_op("warmup", mp, rel, timeout, "warming", "not yet cached")
+    result = _path_op("warmup", mp, rel, timeout, "warming", "not yet cached", as_json)
+    if as_json:
+        return
     files, local = result.get("files", 0), result.get("local_files", 0)
-    skipped = (f"; {_count(local, 'file')} with changes not yet in S3 skipped (their bytes"
+    skipped = (f"; {count(local, 'file')} with changes not yet in S3 skipped (their bytes"
                f" are here)" if local else "")
-    click.echo(f"{PROG}: {mp / (rel or '')} is cached: {_count(files, 'file')}, "
+    click.echo(f"{PROG}: {mp / (rel or '')} is cached: {count(files, 'file')}, "
                f"{human_bytes(result.get('bytes'))} ({human_bytes(result.get('fetched_bytes'))}"
                f" fetched from S3) in {result.get('seconds', 0):.1f} s{skipped}", err=True)
 
@@ -450,7 +400,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
     from lakefs_mount import mountpoint as mpt
 
     mp = _abs(mountpoint)
-    printer = _ProgressPrinter("flushing before unmount")
+    printer = ProgressPrinter("flushing before unmount")
     try:
         result = control.call(mp, {"op": "unmount", "flush": not no_flush}, timeout=timeout,
                               on_progress=printer)
@@ -460,7 +410,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
         return
     except ControlTimeout as exc:
         printer.done()
-        left = _left_bytes(exc.last_progress or printer.last)
+        left = left_bytes(exc.last_progress or printer.last)
         still = f"; {human_bytes(left)} still dirty" if left is not None else ""
         raise CliError(f"flush before unmount timed out after {timeout:g} s{still}; "
                        f"{mp} stays mounted") from None
