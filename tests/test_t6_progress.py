@@ -6,12 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
 import re
-import select
-import subprocess
 
-from mounting import CLI
+from terminal import run_on_terminal
 
 from lakefs_mount.cli.progress import ProgressPrinter
 
@@ -69,39 +66,15 @@ def test_without_a_terminal_a_plain_line_every_ten_seconds():
                                            "flushing: 5 MiB left, 2 files"]
 
 
-def _read_all(fd: int, proc: subprocess.Popen) -> str:
-    out = b""
-    while True:
-        if select.select([fd], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: the other side of the terminal is closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    return out.decode(errors="replace")
-
-
 def test_flush_on_a_terminal_draws_a_bar_that_ends_at_100_percent(mount_factory, fault_proxy):
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
     fault_proxy.bandwidth_bytes_per_s = 4 * MiB
     (m.path / "ckpt.bin").write_bytes(os.urandom(24 * MiB))
-    controller, terminal = pty.openpty()
-    flush = subprocess.Popen([CLI, "flush", str(m.path)], stdin=subprocess.DEVNULL,
-                             stdout=terminal, stderr=terminal)
-    os.close(terminal)
     try:
-        text = _read_all(controller, flush)
-        assert flush.wait(timeout=300) == 0, text
+        code, text = run_on_terminal("flush", str(m.path))
     finally:
-        if flush.poll() is None:
-            flush.kill()
-            flush.wait()
-        os.close(controller)
         fault_proxy.bandwidth_bytes_per_s = None
+    assert code == 0, text
     frames = [f for f in text.split("\r\x1b[K") if f.startswith("flushing [")]
     assert len(frames) >= 3, text
     assert any(" 0%" not in f and "100%" not in f for f in frames), frames  # in between

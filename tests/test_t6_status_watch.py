@@ -6,14 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
 import re
-import select
-import signal
-import subprocess
-import time
 
-from mounting import CLI
+from terminal import run_on_terminal
 
 from lakefs_mount.cli.main import format_status
 from lakefs_mount.cli.watch import CLEAR, Rates, rates, render, watch_status
@@ -68,25 +63,12 @@ def test_watch_on_a_terminal_redraws_rates_and_time_to_clean_during_a_slow_flush
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
     fault_proxy.bandwidth_bytes_per_s = 4 * MiB
     (m.path / "ckpt.bin").write_bytes(os.urandom(24 * MiB))
-    controller, terminal = pty.openpty()
-    watcher = subprocess.Popen([CLI, "status", str(m.path), "--watch", "--interval", "0.5"],
-                               stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    screen = b""
     try:
-        deadline = time.monotonic() + WATCH_SECONDS
-        while time.monotonic() < deadline:
-            if select.select([controller], [], [], 0.2)[0]:
-                screen += os.read(controller, 65536)
-        watcher.send_signal(signal.SIGINT)
-        assert watcher.wait(timeout=30) == 0
+        code, text = run_on_terminal("status", str(m.path), "--watch", "--interval", "0.5",
+                                     interrupt_after=WATCH_SECONDS)
     finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
-        os.close(controller)
         fault_proxy.bandwidth_bytes_per_s = None
-    text = screen.decode(errors="replace")
+    assert code == 0, text  # Ctrl-C ends a watch normally
     frames = text.split(CLEAR)[1:]
     assert len(frames) >= 4, text
     assert "upload rate" not in frames[0]  # one sample gives no rate
