@@ -460,6 +460,11 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("retries", "retries", str),
     ("errors", "errors", str),
     ("last_error", "last error", str),
+    ("last_s3_error_at", "last S3 error at",
+     lambda ts: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))),
+    ("s3_requests", "S3 requests", lambda ops: ", ".join(
+        f"{op} {s['count']}" + (f" ({s['failures']} failed)" if s["failures"] else "")
+        for op, s in ops.items()) or "none"),
     ("cache_used", "cache used", human_bytes),
     ("cache_size", "cache size", human_bytes),
     ("cache_dir", "cache dir", str),

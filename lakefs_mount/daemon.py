@@ -41,6 +41,7 @@ from lakefs_mount.namespace import Namespace
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3stats import S3Stats, TimedStore
 from lakefs_mount.splice import advice as splice_advice
 from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine
@@ -121,7 +122,8 @@ class Daemon:
     def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
         self.config = config
         self.metrics = m.Metrics()
-        self.store = AsyncStore(store, self.metrics,
+        self.s3_stats = S3Stats()
+        self.store = AsyncStore(TimedStore(store, self.s3_stats), self.metrics,
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
         self.parts = PartMap(config.part_size)
@@ -274,6 +276,8 @@ class Daemon:
             "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
             **self.flusher.status(),
             "metrics_addr": self.metrics_addr,
+            "s3_requests": self.s3_stats.snapshot(),
+            "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
         }
 

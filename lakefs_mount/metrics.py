@@ -72,7 +72,13 @@ GAUGES: dict[str, tuple[str, str]] = {
     "cache_used": ("cache_used_bytes", "Bytes the cache files take on disk."),
     "cache_size": ("cache_budget_bytes", "Cache size beyond which clean chunks are evicted."),
     "uptime_s": ("uptime_seconds", "Seconds since the daemon started."),
+    "last_s3_error_at": ("last_s3_error_timestamp_seconds",
+                         "Unix time of the last failed S3 request."),
 }
+
+# Per S3 operation (label `operation`), from the `s3_requests` of `status` (see s3stats).
+S3_REQUEST_SECONDS = "s3_request_duration_seconds"  # histogram
+S3_REQUEST_FAILURES = "s3_request_failures"  # counter
 
 
 def prometheus_counter(name: str) -> str:

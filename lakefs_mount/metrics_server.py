@@ -18,12 +18,20 @@ from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
 from lakefs_mount.config import parse_metrics_addr
-from lakefs_mount.metrics import COUNTERS, GAUGES, PROMETHEUS_PREFIX, prometheus_counter
+from lakefs_mount.metrics import (
+    COUNTERS,
+    GAUGES,
+    PROMETHEUS_PREFIX,
+    S3_REQUEST_FAILURES,
+    S3_REQUEST_SECONDS,
+    prometheus_counter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +56,27 @@ class StatusCollector(Collector):
             value = status.get(key)
             if isinstance(value, int | float):
                 yield GaugeMetricFamily(PROMETHEUS_PREFIX + name, help_text, value=value)
+        yield from _request_metrics(status.get("s3_requests") or {})
         info = GaugeMetricFamily(PROMETHEUS_PREFIX + "info", "What this mount serves.",
                                  labels=INFO_LABELS)
         info.add_metric([str(status.get(k, "")) for k in INFO_LABELS], 1)
         yield info
+
+
+def _request_metrics(requests: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Latency histogram and failure count of each S3 operation the mount has sent."""
+    latency = HistogramMetricFamily(PROMETHEUS_PREFIX + S3_REQUEST_SECONDS,
+                                    "Time S3 requests took, by operation.",
+                                    labels=["operation"])
+    failures = CounterMetricFamily(PROMETHEUS_PREFIX + S3_REQUEST_FAILURES,
+                                   "S3 requests that failed, by operation.",
+                                   labels=["operation"])
+    for op, stats in requests.items():
+        latency.add_metric([op], buckets=list(stats["buckets"].items()),
+                           sum_value=stats["seconds_sum"])
+        failures.add_metric([op], stats["failures"])
+    yield latency
+    yield failures
 
 
 class MetricsServer:

@@ -63,5 +63,8 @@ def test_a_mount_with_json_logs_writes_only_json_and_a_line_per_failed_request(
     failed = [e for e in lines if e["level"] in ("WARNING", "ERROR") and "failed" in e["message"]
               and "a.bin" in e["message"]]
     assert failed, lines[-20:]
+    structured = [e for e in lines if e.get("s3_op") == "PutObject" and e.get("key") == "a.bin"]
+    assert structured and structured[0]["attempt"] == 1, lines[-20:]
+    assert {"status", "s3_error_code", "seconds"} <= set(structured[0])  # None: no answer
     assert any(e["message"].startswith("mounted s3://") for e in lines)
     assert "lmdummysecretkey" not in m.log_file.read_text()

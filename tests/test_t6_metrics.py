@@ -23,12 +23,22 @@ MiB = 1024 * 1024
 SCRAPE_INTERVAL = 0.2
 
 
-def scrape(address: str) -> dict[str, float]:
-    """Sample name (labels dropped) -> value of one GET /metrics."""
+def scrape_samples(address: str) -> list:
+    """The samples of one GET /metrics."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples}
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def scrape(address: str, samples: list | None = None) -> dict[str, float]:
+    """Sample name -> value of the samples without an `operation` label."""
+    samples = scrape_samples(address) if samples is None else samples
+    return {s.name: s.value for s in samples if "operation" not in s.labels}
+
+
+def by_operation(samples: list, name: str) -> dict[str, float]:
+    """S3 operation -> value of the samples called `name`."""
+    return {s.labels["operation"]: s.value for s in samples if s.name == name}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -102,8 +112,9 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
     assert len(dirty) >= 3 and dirty[0] > 0, dirty
     assert dirty == sorted(dirty, reverse=True), dirty
     assert any(0 < d < dirty[0] for d in dirty), dirty  # parts land one by one
-    samples = scrape(address)
+    all_samples = scrape_samples(address)
     status = mnt.status()
+    samples = scrape(address, all_samples)
     assert samples["lakefs_mount_dirty_bytes"] == status["dirty_bytes"] == 0
     assert samples["lakefs_mount_dirty_files"] == status["files_pending"] == 0
     assert samples["lakefs_mount_uploads_in_flight"] == status["uploads_in_flight"] == 0
@@ -113,11 +124,20 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
         assert samples[m.prometheus_counter(name) + "_total"] == \
             status["counters"].get(name, 0), name
     assert samples["lakefs_mount_uploaded_bytes_total"] >= len(data)
+    requests = status["s3_requests"]
+    assert requests["UploadPart"]["count"] >= 2 and requests["UploadPart"]["seconds_sum"] > 1
+    for suffix, field in (("_count", "count"), ("_sum", "seconds_sum")):
+        exported = by_operation(all_samples, "lakefs_mount_s3_request_duration_seconds" + suffix)
+        assert exported == pytest.approx({op: s[field] for op, s in requests.items()})
+    assert by_operation(all_samples, "lakefs_mount_s3_request_failures_total") == \
+        {op: s["failures"] for op, s in requests.items()}
 
 
 def test_readme_lists_every_exported_metric():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     names = [m.prometheus_counter(name) + "_total" for name in m.COUNTERS]
     names += [m.PROMETHEUS_PREFIX + name for name, _ in m.GAUGES.values()]
+    names += [m.PROMETHEUS_PREFIX + m.S3_REQUEST_SECONDS,
+              m.PROMETHEUS_PREFIX + m.S3_REQUEST_FAILURES + "_total"]
     missing = [name for name in names + ["lakefs_mount_info"] if f"`{name}`" not in readme]
     assert not missing, missing
