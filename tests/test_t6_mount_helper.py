@@ -140,17 +140,19 @@ def _assert_in_s3(s3, files: dict[str, bytes]) -> None:
 
 @needs_root
 @needs_fuse
+@pytest.mark.parametrize("session", ["native", "pyfuse3"])
 def test_mount_t_fuse_lakefs_mount_mounts_and_umount_leaves_every_byte_in_s3(
-        helper_link, mount_factory, s3):
+        helper_link, mount_factory, s3, session):
     m = mount_factory(start=False)
     proc = subprocess.run(["mount", "-t", "fuse.lakefs-mount", m.source, str(m.path),
-                           "-o", _options(m)], capture_output=True, text=True, timeout=180)
+                           "-o", f"{_options(m)},fuse_session={session}"],
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
     assert is_mounted(m.path)
     status = m.status()
     m.pid = status["pid"]
-    assert (status["bucket"], status["cache_dir"], status["max_dirty"]) == \
-        (m.bucket, str(m.cache_dir), 64 * 1024 * 1024)
+    assert (status["bucket"], status["cache_dir"], status["max_dirty"],
+            status["fuse_session"]) == (m.bucket, str(m.cache_dir), 64 * 1024 * 1024, session)
     files = _write_checkpoint(m.path)
     _umount_and_wait(m)
     _assert_in_s3(s3, files)
