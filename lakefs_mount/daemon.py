@@ -41,7 +41,7 @@ from lakefs_mount.namespace import Namespace
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
-from lakefs_mount.s3stats import S3Stats, TimedStore
+from lakefs_mount.s3.stats import S3Stats, TimedStore
 from lakefs_mount.splice import advice as splice_advice
 from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine

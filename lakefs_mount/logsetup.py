@@ -97,11 +97,10 @@ class JsonFormatter(logging.Formatter):
     Runs after RedactingFilter, which has scrubbed the message and traceback; string
     fields from `extra=` are scrubbed here."""
 
-    converter = time.gmtime
-
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

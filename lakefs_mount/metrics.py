@@ -76,7 +76,7 @@ GAUGES: dict[str, tuple[str, str]] = {
                          "Unix time of the last failed S3 request."),
 }
 
-# Per S3 operation (label `operation`), from the `s3_requests` of `status` (see s3stats).
+# Per S3 operation (label `operation`), from the `s3_requests` of `status` (see s3/stats.py).
 S3_REQUEST_SECONDS = "s3_request_duration_seconds"  # histogram
 S3_REQUEST_FAILURES = "s3_request_failures"  # counter
 

@@ -90,7 +90,7 @@ class MetricsServer:
             self._server, self._thread = start_http_server(port, host, registry)
         except OSError as exc:
             raise OSError(exc.errno, f"--metrics-addr {addr}: {exc.strerror}") from None
-        bound_host, bound_port = self._server.server_address[:2]
+        bound_host, bound_port = str(self._server.server_address[0]), self._server.server_port
         self.address = (f"[{bound_host}]:{bound_port}" if ":" in bound_host
                         else f"{bound_host}:{bound_port}")
         log.info("Prometheus metrics at http://%s/metrics", self.address)

@@ -1,4 +1,4 @@
-"""s3stats: the latency and failures of every S3 request, measured around a real store
+"""s3/stats.py: the latency and failures of every S3 request, measured around a real store
 (SeaweedFS), and one structured log line per failed request."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from lakefs_mount.s3.objectstore import NoSuchKey
-from lakefs_mount.s3stats import BUCKETS, S3Stats, TimedStore
+from lakefs_mount.s3.stats import BUCKETS, S3Stats, TimedStore
 
 
 def test_histogram_buckets_are_cumulative_and_end_with_every_request():
@@ -38,11 +38,11 @@ def test_requests_of_a_real_store_are_counted_by_operation(s3):
 def test_a_failed_request_logs_operation_key_status_s3_code_and_attempt(s3, caplog):
     stats = S3Stats(clock=lambda: 1234.5)
     store = TimedStore(s3, stats)
-    caplog.set_level(logging.INFO, logger="lakefs_mount.s3stats")
+    caplog.set_level(logging.INFO, logger="lakefs_mount.s3.stats")
     for _ in range(2):
         with pytest.raises(NoSuchKey):
             store.get_range("missing", 0, 10)
-    first, second = [r for r in caplog.records if r.name == "lakefs_mount.s3stats"]
+    first, second = [r for r in caplog.records if r.name == "lakefs_mount.s3.stats"]
     assert (first.s3_op, first.key, first.status, first.attempt) == \
         ("GetObject", "missing", 404, 1)
     assert first.s3_error_code == "NoSuchKey"
