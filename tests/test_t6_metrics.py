@@ -18,6 +18,7 @@ from lakefs_mount import metrics as m
 from lakefs_mount.cli.main import cli
 from lakefs_mount.config import parse_metrics_addr
 from lakefs_mount.metrics_server import MetricsServer
+from lakefs_mount.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 SCRAPE_INTERVAL = 0.2
@@ -141,3 +142,16 @@ def test_readme_lists_every_exported_metric():
               m.PROMETHEUS_PREFIX + m.S3_REQUEST_FAILURES + "_total"]
     missing = [name for name in names + ["lakefs_mount_info"] if f"`{name}`" not in readme]
     assert not missing, missing
+
+
+def test_a_mount_whose_metrics_port_is_taken_fails_cleanly_and_one_without_serves_none(
+        mount_factory):
+    taken = MetricsServer("127.0.0.1:0", lambda: None)
+    try:
+        m = mount_factory(start=False)
+        with pytest.raises(AssertionError, match=f"--metrics-addr {taken.address}: "):
+            m.start("--metrics-addr", taken.address)
+        assert not is_mounted(m.path)
+    finally:
+        taken.close()
+    assert mount_factory(name="plain").status()["metrics_addr"] is None

@@ -4,9 +4,8 @@ object store without touching it.
 Why a wrapper: every request of the daemon goes through one `ObjectStore`, so timing its
 calls gives the latency of each S3 operation (histograms for Prometheus, counts for
 `status`) and one structured log line per failed request, without code in the store, the
-cache or the flusher. A call is one request as the cache sees it: the store's own quick
-retries of a broken connection are inside it, the cache's retries with backoff are new
-calls (counted in `attempt`).
+cache or the flusher. In the daemon a call is one request: its store makes one attempt per
+call (s3/retry), and each retry of AsyncStore is a new call (counted in `attempt`).
 """
 
 from __future__ import annotations
@@ -57,13 +56,14 @@ class OperationStats:
 
 
 def failure_fields(exc: BaseException) -> dict[str, Any]:
-    """HTTP status and S3 error code of a failed request, where S3 answered at all: the
-    store raises its own exceptions from botocore's, which carry the response."""
-    response = getattr(exc.__cause__, "response", None)
-    if not isinstance(response, dict):
-        return {"status": None, "s3_error_code": None}
-    return {"status": response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
-            "s3_error_code": response.get("Error", {}).get("Code") or None}
+    """HTTP status and S3 error code of a failed request, where S3 answered at all: on the
+    store's exception (`ObjectStoreError.status`, `.code`) or on S3's reply it was raised
+    from."""
+    for source in (exc, exc.__cause__):
+        status = getattr(source, "status", None)
+        if isinstance(status, int):
+            return {"status": status, "s3_error_code": getattr(source, "code", None) or None}
+    return {"status": None, "s3_error_code": None}
 
 
 class S3Stats:
