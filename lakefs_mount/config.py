@@ -69,7 +69,9 @@ class MountConfig:
     read_ahead: int = 4  # chunks
     log_level: str = "INFO"
     log_file: Path | None = None
+    log_format: str = "text"  # "text" | "json" (one JSON object per line)
     embedded_dir: Path | None = None  # state of the embedded SeaweedFS
+    metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
 
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)
@@ -99,6 +101,15 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise ValueError(f"size must not be negative: {text!r}")
     return int(value)
+
+
+def parse_metrics_addr(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (loopback) -> (host, port); ValueError else."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"not HOST:PORT: {text!r} (e.g. 127.0.0.1:9567)")
+    host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
+    return host, int(port)
 
 
 def human_bytes(n: float | None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount import sdnotify
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
@@ -35,11 +36,13 @@ from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
+from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3.stats import S3Stats, TimedStore
 from lakefs_mount.splice import advice as splice_advice
 from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine
@@ -120,7 +123,8 @@ class Daemon:
     def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
         self.config = config
         self.metrics = m.Metrics()
-        self.store = AsyncStore(store, self.metrics,
+        self.s3_stats = S3Stats()
+        self.store = AsyncStore(TimedStore(store, self.s3_stats), self.metrics,
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
         self.parts = PartMap(config.part_size)
@@ -136,6 +140,8 @@ class Daemon:
         self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
         self.flush_on_exit = True
+        self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
+        self.metrics_addr: str | None = None  # where /metrics listens, if it does
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -177,11 +183,13 @@ class Daemon:
                              session.name)
                     if session.name == "pyfuse3" and not self.splice_writes:
                         log.info("%s", splice_advice())
+                    self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
                     await session.serve()
                 finally:
                     session.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
+                sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
                 await self.cache.settle_all()
@@ -272,8 +280,22 @@ class Daemon:
             "errors": self.metrics[m.ERRORS],
             "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
             **self.flusher.status(),
+            "metrics_addr": self.metrics_addr,
+            "s3_requests": self.s3_stats.snapshot(),
+            "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
         }
+
+    def status_from_thread(self) -> dict[str, Any] | None:
+        """`status` for a thread outside the loop (the /metrics server): computed in the
+        loop, so a scrape sees what `status --json` says; None before the mount is up or
+        once the loop has ended."""
+        if self.trio_token is None:
+            return None
+        try:
+            return trio.from_thread.run(self.status, trio_token=self.trio_token)
+        except trio.RunFinishedError:
+            return None
 
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
@@ -365,6 +387,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
         if not reported:
             reported = True
             report_ready(error)
+            notify_ready(config, error)
 
     with ExitStack() as stack:
         try:
@@ -382,6 +405,15 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             ready_once(str(exc))
             return 1
         daemon = Daemon(config, store, journal)
+        if config.metrics_addr is not None:
+            try:
+                server = MetricsServer(config.metrics_addr, daemon.status_from_thread)
+            except OSError as exc:
+                log.error("mount failed: %s", exc.strerror)
+                ready_once(exc.strerror)
+                return 1
+            stack.callback(server.close)
+            daemon.metrics_addr = server.address
         try:
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
@@ -389,6 +421,15 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             ready_once(f"mount failed: {exc}")
             return 1
     return 0
+
+
+def notify_ready(config: MountConfig, error: str | None) -> None:
+    """Tell systemd (Type=notify) that the mount is usable, or why it failed."""
+    if error is None:
+        sdnotify.notify(READY=1, STATUS=f"mounted s3://{config.bucket}/{config.prefix} at "
+                        f"{config.mountpoint}")
+    else:
+        sdnotify.notify(STATUS=f"mount failed: {error}")
 
 
 def _check_journal_matches(journal: Journal, config: MountConfig) -> None:
