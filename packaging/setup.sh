@@ -47,6 +47,8 @@ python_is_debians() {
 install_debian_packages() {
     command -v dpkg >/dev/null || die "dpkg not found: this installer is for Debian (and derivatives)"
     local wanted=(fuse3 libfuse3-dev pkg-config gcc libc6-dev python3-venv)
+    # shellcheck disable=SC2206  # a list of package names: split on blanks
+    wanted+=(${LAKEFS_MOUNT_EXTRA_DEBS:-})  # test.sh: what only the tests need
     if python_is_debians; then
         wanted+=(python3-dev)
     fi
