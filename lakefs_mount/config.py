@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class MountConfig:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)
 
 
+# What botocore accepts as a bucket name (S3-compatible servers take more than AWS does).
+BUCKET_NAME = re.compile(r"[a-zA-Z0-9._-]{1,255}")
+
+
 def parse_source(source: str) -> tuple[str, str]:
     """`s3://bucket[/prefix]` -> (bucket, prefix with a trailing slash or "")."""
     if not source.startswith("s3://"):
@@ -85,6 +90,10 @@ def parse_source(source: str) -> tuple[str, str]:
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise ValueError(f"SOURCE {source!r} names no bucket")
+    if not BUCKET_NAME.fullmatch(bucket):  # else botocore refuses it, once the daemon runs
+        raise ValueError(f"SOURCE {source!r}: {bucket!r} is not a bucket name (letters, "
+                         f"digits, '.', '-' and '_'; AWS S3 itself takes 3 to 63 lowercase "
+                         f"letters, digits, '.' and '-')")
     prefix = prefix.strip("/")
     return bucket, (prefix + "/") if prefix else ""
 

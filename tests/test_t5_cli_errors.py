@@ -63,7 +63,8 @@ def test_mount_on_non_empty_dir(tmp_path, cache):
     assert code == 2 and "is not empty" in err
 
 
-@pytest.mark.parametrize("source", ["bucket/prefix", "s3://", "http://b/x", "s3:/b"])
+@pytest.mark.parametrize("source", ["bucket/prefix", "s3://", "http://b/x", "s3:/b",
+                                    "s3://bad_bucket!", "s3://a b/x"])
 def test_bad_source(tmp_path, cache, source):
     code, err = run("mount", *cache, source, str(tmp_path))
     assert code == 2 and "SOURCE" in err and err.startswith("lakefs-mount: ")
