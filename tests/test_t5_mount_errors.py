@@ -368,6 +368,27 @@ def test_throttling_by_s3_is_retried_and_shows_in_status_and_the_log(
     assert m.log_tail(400).count("SlowDown") >= 4
 
 
+def test_a_mount_point_still_served_by_a_flushing_daemon_is_refused_in_one_line(
+        mount_factory, fault_proxy) -> None:
+    """Issue 29 defect 6: after a lazy unmount the old daemon may still be flushing into
+    an unreachable S3; a new mount there says so plainly (not 'Exceptions from Trio
+    nursery'), and the old daemon finishes once S3 is back."""
+    old: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (old.path / "d").mkdir()
+    fault_proxy.fail = True
+    (old.path / "d" / "pending.bin").write_bytes(b"x" * 100_000)
+    subprocess.run(["umount", "-l", str(old.path)], check=True)
+    new: Mount = mount_factory(name="second", start=False)
+    proc = cli("mount", new.source, str(old.path), "--endpoint-url", new.endpoint_url,
+               "--cache-dir", str(new.cache_dir), "--log-file", str(new.log_file))
+    assert proc.returncode != 0
+    assert "already serves" in proc.stderr and "sub-exception" not in proc.stderr, proc.stderr
+    assert "Traceback" not in new.log_file.read_text()
+    fault_proxy.fail = False
+    assert old.pid is not None
+    _wait_gone(old.pid, timeout=120)
+
+
 def test_unmount_busy(mount_factory) -> None:
     m: Mount = mount_factory()
     (m.path / "d").mkdir()
