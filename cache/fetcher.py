@@ -10,6 +10,7 @@ restores measurably (benchmarks/README.md, "fresh chunks").
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 FRESH_FOR = 5.0  # seconds a fetched chunk may stay in the page cache with no reader past it
 SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
+
+
+class FetchStopped(Exception):
+    """A cancelled fetch's GET thread gives up at its next piece."""
 
 
 class Fetcher:
@@ -104,10 +109,7 @@ class Fetcher:
         with self.fetching(cf, idx):
             assert cf.base_key is not None
             async with self._fetch_slots, self.files.io(cf) as fd:
-                def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
-                    write_on_this_thread(fd, piece, offset)
-
-                await self.store.get_range_into(cf.base_key, start, end, write_piece)
+                await self._get_into(fd, cf.base_key, start, end)
                 if written_back:  # (fetched: kept even if the warm-up is being stopped)
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(write_back, fd, start, end)
@@ -117,6 +119,32 @@ class Fetcher:
                 return
             self._note_fetched(cf, idx)
             ch.direct = written_back and self.files.fds.can_direct  # (O_DIRECT reads see it)
+
+    async def _get_into(self, fd: int, key: str, start: int, end: int) -> None:
+        """GET bytes [start, end) of `key` into the cache file at their offsets, from the
+        GET's own thread. Cancelled (an interrupted warm-up), the GET stops at its next
+        piece instead of running to its end: the thread cannot be abandoned."""
+        stop = threading.Event()
+
+        def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
+            if stop.is_set():
+                raise FetchStopped
+            write_on_this_thread(fd, piece, offset)
+
+        async def stop_when_cancelled() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                stop.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_cancelled)
+            try:
+                await self.store.get_range_into(key, start, end, write_piece)
+            except FetchStopped:
+                await trio.lowlevel.checkpoint()  # cancelled: raises Cancelled here
+                raise
+            nursery.cancel_scope.cancel()
 
     def read_ahead_of(self, cf: CachedFile, last: int) -> None:
         """A sequential reader: fetch the next chunks in parallel before it asks."""

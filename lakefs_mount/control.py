@@ -212,6 +212,42 @@ async def _serve_connection(conn: trio.socket.SocketType, handler: ControlHandle
         log.exception("control connection failed")
 
 
+def first_cause(exc: BaseException) -> BaseException:
+    """The first exception inside nested exception groups (trio's nurseries wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _while_client_waits(stream: trio.SocketStream, op: str,
+                              work: Awaitable[dict]) -> dict:
+    """Run `work` only while the client is there: an interrupted `warmup` stops fetching
+    (what was fetched stays cached), an interrupted `flush` stops waiting (the uploads
+    go on, as always). The client sends nothing after its request: EOF means it left."""
+    result: dict | None = None
+
+    async def run() -> None:
+        nonlocal result
+        result = await work
+        nursery.cancel_scope.cancel()
+
+    async def watch() -> None:
+        while await stream.receive_some(4096):
+            pass
+        log.info("%s: the client went away; stopped", op)
+        nursery.cancel_scope.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            nursery.start_soon(watch)
+    except BaseExceptionGroup as group:  # the handler's own error, as if called directly
+        raise first_cause(group) from group
+    if result is None:
+        raise trio.ClosedResourceError(f"{op}: the client went away")
+    return result
+
+
 async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHandler) -> dict:
     """Run the handler method for `request` and turn its outcome into the final line."""
     op = request.get("op")
@@ -227,7 +263,7 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
             if path is not None and not isinstance(path, str):
                 raise ValueError(f"{op}: path must be a string or null")
             run = handler.flush if op == "flush" else handler.warmup
-            result = await run(path or None, progress)
+            result = await _while_client_waits(stream, op, run(path or None, progress))
         elif op == "unmount":
             result = await handler.prepare_unmount(bool(request.get("flush", True)))
         else:

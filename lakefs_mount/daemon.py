@@ -29,7 +29,7 @@ from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warm import orphans_dir
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
-from lakefs_mount.control import ControlError, serve_control
+from lakefs_mount.control import ControlError, first_cause, serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import parent_dir_key
 from lakefs_mount.fs import FileSystem
@@ -417,7 +417,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
         try:
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
-            cause = _first_cause(exc)  # not "Exceptions from Trio nursery (1 sub-exception)"
+            cause = first_cause(exc)  # not "Exceptions from Trio nursery (1 sub-exception)"
             if isinstance(cause, StartupError | ControlError | ObjectStoreError | OSError):
                 log.error("mount failed: %s", cause)
             else:
@@ -434,13 +434,6 @@ def notify_ready(config: MountConfig, error: str | None) -> None:
                         f"{config.mountpoint}")
     else:
         sdnotify.notify(STATUS=f"mount failed: {error}")
-
-
-def _first_cause(exc: BaseException) -> BaseException:
-    """The first exception inside nested exception groups (trio's nurseries wrap them)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _check_journal_matches(journal: Journal, config: MountConfig) -> None:

@@ -116,26 +116,52 @@ def test_an_s3_outage_fails_the_warm_up_and_a_retry_completes_it(mount_factory, 
 
 def test_an_interrupted_warm_up_stops_fetching_and_keeps_what_came(mount_factory, s3,
                                                                   fault_proxy):
+    """The first 16 chunks (one GET each, 8 s at 1 MiB/s) have come when the warm-up is
+    interrupted during the next 8: those are kept, the others stop; a second warm-up
+    fetches only what did not come whole."""
     bodies = {f"slow/{i}.bin": random.randbytes(PART) for i in range(24)}  # a chunk each
     for key, body in bodies.items():
         s3.put(key, body, {})
     m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
-    fault_proxy.bandwidth_bytes_per_s = 2 * MiB  # per connection: 4 s per GET
+    fault_proxy.bandwidth_bytes_per_s = MiB  # per connection: 8 s per GET
     proc = subprocess.Popen([CLI, "warmup", str(m.path), "slow"], stdin=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    time.sleep(11)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) != 0
     gets, deadline = -1, time.monotonic() + 30
     while gets != (gets := _gets(m)) and time.monotonic() < deadline:
-        time.sleep(2)  # the GETs under way finish; no new one starts
-    assert 0 < gets < len(bodies)
+        time.sleep(2)  # the GETs under way stop; no new one starts
+    assert 0 < gets <= len(bodies)
     fault_proxy.bandwidth_bytes_per_s = 0
     done = cli("warmup", str(m.path), "slow")
     assert done.returncode == 0, done.stderr
+    refetched = _gets(m) - gets
+    assert 0 < refetched < len(bodies)  # what came whole before the interrupt was kept
     before = _gets(m)
-    assert before == len(bodies)  # a GET each in all: what the interrupted one got was kept
     for key, body in bodies.items():
         assert (m.path / key).read_bytes() == body
     assert _gets(m) == before
 
+
+def test_a_killed_warm_up_stops_its_gets_mid_way(mount_factory, s3, fault_proxy):
+    """Issue 29 defect 7: the daemon notices at once that the CLI is gone (EOF on the
+    control socket), and the GETs under way stop at their next piece instead of running
+    to the end of their chunks: a single large file no longer arrives whole."""
+    body = random.randbytes(12 * PART)
+    s3.put("big/model.bin", body, {})
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.bandwidth_bytes_per_s = MiB // 2  # per connection: 16 s per chunk
+    proc = subprocess.Popen([CLI, "warmup", str(m.path), "big"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.0)
+    proc.kill()
+    proc.wait(timeout=10)
+    used, deadline = -1, time.monotonic() + 30
+    while used != (used := m.status()["cache_used"]) and time.monotonic() < deadline:
+        time.sleep(3)  # each GET writes at most one more piece, then gives up
+    assert used < len(body) // 2, used
+    assert "the client went away" in m.log_tail(200)
+    fault_proxy.bandwidth_bytes_per_s = 0
+    assert cli("warmup", str(m.path), "big").returncode == 0  # the rest, fetched again
+    assert (m.path / "big" / "model.bin").read_bytes() == body
