@@ -37,6 +37,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ class RankPool:
         out = []
         for rank in ranks:
             if deadline and not self.conns[rank].poll(max(0.0, deadline - time.monotonic())):
-                raise PointHung(f"rank {rank} did not answer within {timeout:.0f} s")
+                raise PointHung(f"rank {rank} did not answer within {timeout:.1f} s")
             kind, value = self.conns[rank].recv()
             if kind == "data":
                 raise DataError(value)
@@ -394,10 +395,11 @@ class Bench:
         places = [str(self.work / "local" / "warmup")]
         if self.s3tc:
             places.append(f"s3://{self.bucket}/s3tc/warmup")
-        self.pool.call("warm_up", [{"places": places}] * self.args.ranks, self.time_limit(0))
+        self.pool.call("warm_up", [{"places": places}] * self.args.ranks,
+                       self.time_limit(0) + 120)
         self.log("ranks warmed up")
 
-    def run(self) -> None:
+    def run(self, after_round: Callable[[int], Any]) -> None:
         for r in range(self.args.runs):
             self.open_phase("single", r)
             try:
@@ -413,19 +415,20 @@ class Bench:
                     self.save_phase([workload], r)
                 finally:
                     self.close_phase()
+            after_round(r)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks checkpoint", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="development / CI size: 64 MiB per rank, 1 round")
+                    help="development / CI size: 64 MiB per rank, 1 round, native session")
     ap.add_argument("--mib", type=int, help="state dict per rank in MiB (default 1024)")
     ap.add_argument("--runs", type=int, help="rounds (default 3)")
     ap.add_argument("--ranks", type=int, choices=(1, 4), default=4,
                     help="4 (default) adds the 4-rank torch.save and DCP saves")
-    ap.add_argument("--sessions", default="native,pyfuse3",
-                    help="lakefs-mount FUSE sessions to measure (comma separated)")
+    ap.add_argument("--sessions", help="lakefs-mount FUSE sessions to measure, comma "
+                                       "separated (default native,pyfuse3; native with --quick)")
     ap.add_argument("--no-s3tc", action="store_true", help="skip s3torchconnector")
     ap.add_argument("--out", help="results directory (default benchmarks/results/checkpoint"
                                   ", .../checkpoint-quick with --quick)")
@@ -438,7 +441,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.mib = a.mib or (64 if a.quick else 1024)
     a.runs = a.runs or (1 if a.quick else 3)
-    a.sessions = [s for s in a.sessions.split(",") if s]
+    a.sessions = [s for s in (a.sessions or ("native" if a.quick else "native,pyfuse3"))
+                  .split(",") if s]
     a.out = a.out or str(HERE / "results" / ("checkpoint-quick" if a.quick else "checkpoint"))
     return a
 
@@ -447,6 +451,26 @@ def git_commit() -> str:
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
                           capture_output=True)
     return proc.stdout.strip() or "?"
+
+
+def write_results(bench: Bench, started: float, rounds: int, fatal: str = "",
+                  quiet: bool = False) -> dict[str, Any]:
+    """results.json, results.md and the plots of the rounds done so far."""
+    a = bench.args
+    meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(), "machine": machine(), "mib_per_rank": a.mib,
+            "runs": rounds, "ranks": a.ranks, "sessions": a.sessions,
+            "elapsed_s": time.monotonic() - started, "notes": bench.notes}
+    results = ckpt_report.results(meta, bench.rows, bench.errors, bench.checked, fatal)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = ckpt_report.markdown(results)
+    (out / "results.md").write_text(text)
+    ckpt_report.plots(results, out)
+    if not quiet:
+        print(text)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -462,22 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     fatal = ""
     try:
         bench.start()
-        bench.run()
+        bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))
     except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc()
         fatal = f"{'DATA ERROR' if isinstance(exc, DataError) else type(exc).__name__}: {exc}"
     finally:
         bench.stop()
-    meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "machine": machine(), "mib_per_rank": a.mib,
-            "runs": a.runs, "ranks": a.ranks, "sessions": a.sessions,
-            "elapsed_s": time.monotonic() - started, "notes": bench.notes}
-    results = ckpt_report.results(meta, bench.rows, bench.errors, bench.checked, fatal)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    text = ckpt_report.markdown(results)
-    (out / "results.md").write_text(text)
-    ckpt_report.plots(results, out)
-    print(text)
+    rounds = max((len(runs) for w in bench.rows.values() for runs in w.values()), default=0)
+    results = write_results(bench, started, rounds, fatal)
     return 0 if results["ok"] else 1

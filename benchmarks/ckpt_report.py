@@ -129,6 +129,13 @@ def _cell(p: dict[str, Any] | None) -> str:
     return f"**{p['ratio']:.2f} x** ({spread})" if p.get("ratio") else spread
 
 
+def _cpu(points: dict[str, Any], system: str) -> str:
+    daemon, s3 = points.get(f"{system}_daemon_cpu"), points.get(f"{system}_s3_cpu")
+    if s3 is None:
+        return "-"
+    return (f"{daemon['median']:.1f} + " if daemon else "") + f"{s3['median']:.1f}"
+
+
 def table(results: dict[str, Any]) -> list[str]:
     """The headline: one row per workload and measure, one column per system."""
     systems = ["local", *results["meta"]["sessions"], "s3tc"]
@@ -142,6 +149,8 @@ def table(results: dict[str, Any]) -> list[str]:
             lines.append(f"| {w['title']}: durable, x raw upload | - | "
                          + " | ".join(_cell(pts.get(f"{s}_durable")) for s in systems[1:])
                          + f" | {_cell(pts.get('raw_durable'))} |")
+            lines.append(f"| {w['title']}: CPU s, daemon + SeaweedFS | "
+                         + " | ".join(_cpu(pts, s) for s in systems) + " | |")
         else:
             base = next((p["baseline_label"] for p in pts.values() if p.get("ratio")), "")
             lines.append(f"| {w['title']}, x {base} | "
