@@ -162,6 +162,7 @@ class Bench:
         self.errors: list[str] = []
         self.notes: list[str] = []
         self.checked = 0
+        self.commit = git_commit()  # of the code that runs, not of a later commit
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -320,7 +321,8 @@ class Bench:
                            self.time_limit(ranks))
             self.checked += len(places)
         if system == "local":
-            row["raw_upload_s"] = self.raw_upload(Path(places[0]).parent, f"raw/r{r}/{workload}")
+            row["raw_upload_s"] = self.raw_upload(self.work / "local" / f"r{r}" / workload,
+                                                  f"raw/r{r}/{workload}")
         return row
 
     def cpu_now(self, target: LakefsTarget | None) -> dict[str, float]:
@@ -458,7 +460,7 @@ def write_results(bench: Bench, started: float, rounds: int, fatal: str = "",
     """results.json, results.md and the plots of the rounds done so far."""
     a = bench.args
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "machine": machine(), "mib_per_rank": a.mib,
+            "commit": bench.commit, "machine": machine(), "mib_per_rank": a.mib,
             "runs": rounds, "ranks": a.ranks, "sessions": a.sessions,
             "elapsed_s": time.monotonic() - started, "notes": bench.notes}
     results = ckpt_report.results(meta, bench.rows, bench.errors, bench.checked, fatal)
