@@ -121,8 +121,8 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 
 def abort_fuse_connection(mountpoint: Path) -> bool:
     """Abort the FUSE connection of `mountpoint` through fusectl (when it is mounted): the
-    only way out of a daemon and its callers that wait on each other in the kernel (neither
-    SIGKILL nor a lazy unmount frees them). True if it was aborted."""
+    way out of a daemon and its callers that wait on each other in the kernel (a daemon in
+    an uninterruptible wait does not die of SIGKILL). True if it was aborted."""
     want = str(mountpoint)
     with open("/proc/self/mountinfo") as f:
         for line in f:
