@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lakefs_mount.embedded import EmbeddedS3, free_port
 from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.s3.embedded import EmbeddedS3, free_port
 
 HERE = Path(__file__).resolve().parent
 CLI = str(Path(sys.executable).parent / "lakefs-mount")

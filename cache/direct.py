@@ -1,13 +1,11 @@
 """O_DIRECT access to cache files, so that bulk data bypasses the kernel's page cache.
 
 Why: a page the page cache grows into is expensive the first time it is touched on the
-VMs this runs on (the host backs guest memory lazily and takes freed memory back):
-buffered writes of 4 GiB cost ~0.5 CPU s/GiB and buffered reads of it 1.3-2.2, against
-~0.1 with O_DIRECT; in the daemon, 43 % of the CPU of writing a checkpoint was the copy
-into fresh page-cache pages. A restore through a buffered cache file grows the page cache
-twice (the cache file, then the mount's own pages in the kernel). Measured on the
-harness with 8 x 512 MiB: checkpoint write 0.21 -> 0.62-0.70 GiB/s, warm restore
-0.37-0.42 -> 0.68-0.84 GiB/s, cold restore 0.23-0.26 -> 0.26-0.30 GiB/s.
+VMs this runs on (the host backs guest memory lazily and takes freed memory back), and
+the copy into fresh page-cache pages was most of the daemon's CPU of writing a
+checkpoint. A restore through a buffered cache file grows the page cache twice (the
+cache file, then the mount's own pages in the kernel). Figures: benchmarks/README.md,
+"Figures behind the design".
 
 Buffered I/O stays for whatever is small or unaligned, and for chunks written that way
 (`Chunk.direct` says how a chunk was stored). Linux keeps the two coherent: an O_DIRECT
@@ -176,7 +174,7 @@ def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
 def write_back(fd: int, start: int, end: int) -> None:
     """From a worker thread: bytes [start, end), written through the page cache, reach the
     disk and then leave the page cache, as if they had been written with O_DIRECT. For a
-    whole chunk at once the kernel's writeback is faster than O_DIRECT pieces of 1 MiB:
-    a warm-up of 8 x 256 MiB took 0.43-0.49 against 0.36-0.41 GiB/s here."""
+    whole chunk at once the kernel's writeback is faster than O_DIRECT pieces of 1 MiB
+    (benchmarks/README.md, "Figures behind the design")."""
     os.fdatasync(fd)
     os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)

@@ -29,8 +29,8 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
-from lakefs_mount.layout import META_SYMLINK, encode_attrs
-from lakefs_mount.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
+from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +55,19 @@ class FlushProgress:
 
 
 class Flusher:
-    def __init__(self, cache: CacheManager, concurrency: int,
-                 commit_delay: float = 0.0) -> None:
+    def __init__(self, cache: CacheManager, concurrency: int, commit_delay: float = 0.0,
+                 on_committed: Callable[[CachedFile], None] = lambda cf: None) -> None:
         self.cache = cache
+        self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
         self.journal = cache.journal
         self.parts = cache.parts
         self.metrics = cache.metrics
         self._slots = trio.Semaphore(concurrency)
         self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
-        self._part_queue: set[tuple[CachedFile, int]] = set()
-        self._committing: set[CachedFile] = set()
-        self._commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
+        self._part_queue = demand.parts
+        self._committing = demand.committing
+        self._commit_wanted = demand.commit_wanted
         # The same dues in time order; an entry whose due is no longer the file's is stale
         # and skipped. A file whose commit is running leaves the heap until it ends.
         self._due_heap: list[tuple[float, int, CachedFile]] = []
@@ -75,14 +76,9 @@ class Flusher:
         # A closed file waits this long before its commit starts, so that the rename a
         # checkpoint saver does right after writing is a journal update, not a copy.
         self.commit_delay = commit_delay
-        self._wake = trio.Event()
         self._changed = trio.Event()
-        self.in_flight = 0
         self._nursery: trio.Nursery | None = None
-        cache.on_chunk_full = self.schedule_part
-        cache.on_pressure = self._drain_all_full_chunks
-        cache.uploads_busy = self.busy
-        self.on_committed: Callable[[CachedFile], None] = lambda cf: None  # object now in S3
+        self.on_committed = on_committed  # an object is now in S3 (its directory's index)
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -93,9 +89,9 @@ class Flusher:
             while True:
                 self._sleeping_until = self._due_heap[0][0] if self._due_heap else math.inf
                 with trio.move_on_at(self._sleeping_until):
-                    await self._wake.wait()
+                    await self.demand.wake.wait()
                 self._sleeping_until = -math.inf
-                self._wake = trio.Event()
+                self.demand.wake = trio.Event()
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
                     nursery.start_soon(self._stream_part, cf, idx)
@@ -117,17 +113,7 @@ class Flusher:
         (a closed file's commit is due a whole commit delay later: usually it does not)."""
         heapq.heappush(self._due_heap, (due, next(self._due_seq), cf))
         if due < self._sleeping_until:
-            self._wake.set()
-
-    def busy(self) -> bool:
-        """True while uploads or commits are under way or queued: data will drain."""
-        return bool(self.in_flight or self._part_queue or self._committing
-                    or self._commit_wanted)
-
-    def schedule_part(self, cf: CachedFile, idx: int) -> None:
-        """A full chunk of a file still being written: upload it now."""
-        self._part_queue.add((cf, idx))
-        self._wake.set()
+            self.demand.wake.set()
 
     def request_commit(self, cf: CachedFile, settle: bool = False) -> None:
         """Commit `cf`; with `settle` (a last close) only after the commit delay."""
@@ -136,13 +122,6 @@ class Flusher:
             if due < self._commit_wanted.get(cf, math.inf):
                 self._commit_wanted[cf] = due
                 self._queue_due(cf, due)
-
-    def _drain_all_full_chunks(self) -> None:
-        for cf in list(self.cache.files.values()):
-            for idx, ch in cf.chunks.items():
-                if ch.state is ChunkState.DIRTY and self.parts.chunk_range(idx)[1] <= cf.size:
-                    self._part_queue.add((cf, idx))
-        self._wake.set()
 
     def _progress_changed(self) -> None:
         self._changed.set()
@@ -186,16 +165,23 @@ class Flusher:
     # -- S3 calls with error bookkeeping ---------------------------------------------
 
     async def _s3(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
+        """An S3 call of a commit: its failed attempts show in status at once; the call
+        counts as one failure of the file (`error_streak`, which fails a waiting flush
+        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
         def on_error(exc: Exception) -> None:
-            cf.error_streak += 1
-            cf.error_count += 1
             cf.last_error = str(exc)
             self._progress_changed()
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;
         # the commit task itself backs off (without the lock) and tries again.
-        result = await self.store.retrying(what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
-                                           max_attempts=COMMIT_ATTEMPTS)
+        try:
+            result: object = await self.store.retrying(
+                what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
+                max_attempts=COMMIT_ATTEMPTS)
+        except Exception:
+            cf.error_streak += 1
+            cf.error_count += 1
+            raise
         cf.error_streak = 0
         cf.last_error = None
         return result
@@ -281,12 +267,12 @@ class Flusher:
         gen = ch.gen
         try:
             async with self._slots:
-                self.in_flight += 1
+                self.demand.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
                     etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
                 finally:
-                    self.in_flight -= 1
+                    self.demand.in_flight -= 1
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
                 self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
@@ -316,7 +302,8 @@ class Flusher:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
-                return self.store.sync.upload_part(key, upload_id, idx + 1, body)
+                return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
+                    key, upload_id, idx + 1, body)  # type: ignore[arg-type]
 
             etag = str(await self._s3(cf, what, send))
         return etag, bodies[-1].sent_crc
@@ -349,7 +336,7 @@ class Flusher:
             if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
                 # A hole, a part of another length or of older bytes: the cached bytes go
                 # up as they are.
-                await self.cache._mark_dirty(cf, [idx], None)
+                await self.cache.mark_dirty(cf, [idx], None)
             await self._upload_chunk(cf, idx)
 
     async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:
@@ -388,7 +375,8 @@ class Flusher:
             if cf in self._commit_wanted:  # requested meanwhile: it may start now
                 self._queue_due(cf, self._commit_wanted[cf])
             self._progress_changed()
-        if failed:
+        if failed:  # the commit is tried again after this: a retry too
+            self.metrics[m.RETRIES] += 1
             await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
@@ -396,6 +384,11 @@ class Flusher:
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
+        written = self.cache.passthrough.size_now(cf) if cf.pt_writers else cf.size
+        if written > MAX_OBJECT_SIZE:  # grown there by a passthrough writer: the daemon
+            # saw no write to refuse with EFBIG. Kept, and flush says why it cannot finish.
+            raise ObjectStoreError(f"{cf.key} is {written} bytes, larger than S3's largest "
+                                   "object (5 TiB): truncate it below that, or remove it")
         if cf.pt_writers:  # the kernel writes it directly: commit what it holds now
             await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
@@ -508,7 +501,7 @@ class Flusher:
 
     def status(self) -> dict[str, object]:
         return {
-            "uploads_in_flight": self.in_flight,
+            "uploads_in_flight": self.demand.in_flight,
             "files_committing": len(self._committing),
             "parts_queued": len(self._part_queue),
         }

@@ -34,6 +34,12 @@ cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
 meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
            dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
+
+sqlite-utils' role is the schema: creating tables and adding columns in the migrations,
+WAL mode, and a few reads and updates off the hot path (`pending_files`, `rekey`). Everything a
+write or a commit runs (intents, chunk states, commits, meta) is plain SQL on the same
+connection, because its helpers inspect the table on every call, several times slower
+per small file (benchmarks/README.md, "Figures behind the design").
 """
 
 from __future__ import annotations
@@ -80,8 +86,8 @@ class PendingFile:
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"name": str, "value": str}, pk="name")
-    db["files"].create(
+    db.table("meta").create({"name": str, "value": str}, pk="name")
+    db.table("files").create(
         {
             "fid": int, "key": str, "size": int, "mode": int, "uid": int, "gid": int,
             "mtime_ns": int, "base_key": str, "base_size": int, "upload_id": str,
@@ -91,31 +97,31 @@ def _migrate_v1(db: sqlite_utils.Database) -> None:
         not_null={"key", "size", "mode", "uid", "gid", "mtime_ns"},
         defaults={"base_size": 0},
     )
-    db["chunks"].create(
+    db.table("chunks").create(
         {"fid": int, "idx": int, "state": str, "etag": str},
         pk=("fid", "idx"),
         not_null={"state"},
         foreign_keys=[("fid", "files", "fid")],
     )
-    db["uploads"].create({"upload_id": str, "key": str}, pk="upload_id")
+    db.table("uploads").create({"upload_id": str, "key": str}, pk="upload_id")
 
 
 def _migrate_v2(db: sqlite_utils.Database) -> None:
-    db["cached_files"].create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
+    db.table("cached_files").create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
                               not_null={"key", "etag", "size"})
-    db["clean_chunks"].create({"fid": int, "idx": int}, pk=("fid", "idx"))
+    db.table("clean_chunks").create({"fid": int, "idx": int}, pk=("fid", "idx"))
 
 
 def _migrate_v3(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("intent_gen", int, not_null_default=0)
+    db.table("files").add_column("intent_gen", int, not_null_default=0)
 
 
 def _migrate_v4(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("passthrough", int, not_null_default=0)
+    db.table("files").add_column("passthrough", int, not_null_default=0)
 
 
 def _migrate_v5(db: sqlite_utils.Database) -> None:
-    db["files"].add_column("rdev", int, not_null_default=0)
+    db.table("files").add_column("rdev", int, not_null_default=0)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -135,6 +141,10 @@ class WarmFile:
 CleanNote = tuple[int, str, str, int, list[int]]  # fid, key, etag, size, chunk indices
 
 
+class JournalDamaged(Exception):
+    """The journal cannot be trusted: the mount refuses to start and deletes nothing."""
+
+
 class Journal:
     """Synchronous journal access; the daemon calls it from one worker thread at a time."""
 
@@ -145,11 +155,22 @@ class Journal:
         os.close(fd)
         os.chmod(path, 0o600)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self.db = sqlite_utils.Database(self._conn)
-        self.db.enable_wal()
-        self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self.db = sqlite_utils.Database(self._conn)
+            self.db.enable_wal()
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # durable against a daemon crash
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            problems = [r[0] for r in self._conn.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(problems[:3]))
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise JournalDamaged(
+                f"the journal {path} is damaged ({exc}): what it says is still to upload "
+                f"cannot be trusted, so nothing was mounted and nothing deleted. Move "
+                f"{path.parent} aside (its data/ files are the cached bytes) and mount with "
+                f"a new --cache-dir") from exc
         for suffix in ("-wal", "-shm"):
             side = Path(str(path) + suffix)
             if side.exists():
@@ -226,7 +247,7 @@ class Journal:
 
     def put_file(self, rec: PendingFile) -> None:
         """Record (or replace) a file that must be committed (plain SQL: sqlite-utils'
-        upsert inspects the table on every call: 0.35 ms instead of 0.04)."""
+        upsert inspects the table on every call, several times slower per small file)."""
         row = vars(rec)
         names = ", ".join(row)
         updates = ", ".join(f"{n}=excluded.{n}" for n in row if n != "fid")
@@ -242,10 +263,10 @@ class Journal:
             self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
 
     def pending_files(self) -> list[PendingFile]:
-        return [PendingFile(**row) for row in self.db["files"].rows_where(order_by="fid")]
+        return [PendingFile(**row) for row in self.db.table("files").rows_where(order_by="fid")]
 
     def rekey(self, fid: int, key: str, base_key: str | None) -> None:
-        self.db["files"].update(fid, {"key": key, "base_key": base_key})
+        self.db.table("files").update(fid, {"key": key, "base_key": base_key})
 
     # -- chunks -----------------------------------------------------------------------
 

@@ -1,11 +1,11 @@
 """A part body that streams from the cache file, so a 4 GiB part never sits in memory.
 
 The uploading thread reads the cache file itself (`UploadSource`, see
-`CacheManager.part_reader`): a hop into the trio loop per MiB cost the daemon ~0.4 CPU s
-per GiB uploaded. The S3 store sends its `pieces` as they are read into the thread's
-aligned buffer (0.27 CPU s per GiB uploaded here); boto3 reads it instead (0.70: 16 KiB
-at a time, each sliced out of a copy), maybe twice (payload hash, then send), seeking
-back in between, so it supports seek and tell.
+`CacheManager.part_reader`): a hop into the trio loop per MiB cost the daemon a large
+share of its upload CPU. The S3 store sends its `pieces` as they are read into the
+thread's aligned buffer; boto3 reads it instead (16 KiB at a time, each sliced out of a
+copy), maybe twice (payload hash, then send), seeking back in between, so it supports
+seek and tell (benchmarks/README.md, "Figures behind the design").
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
 
 if TYPE_CHECKING:
     from lakefs_mount.cache.manager import CacheManager
@@ -64,8 +65,8 @@ class Passthrough:
             return
         cf.pt_watched = seen
         self._note_written(cf, seen)
-        if seen == cf.pt_seen:  # nothing written since the open
-            return
+        if seen == cf.pt_seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
+            return  # open, or past S3's largest object (no part of it fits; commits say so)
         behind = self.cache.parts.chunk_of(seen[0] - 1) if seen[0] else 0
         todo = [i for i in range(behind) if i not in cf.pt_streamed]
         if todo:
@@ -178,6 +179,10 @@ class Passthrough:
         cf.size = seen[0]
         if cf.pt_seen is None or seen[1] != cf.pt_seen[1]:  # written since: a new mtime
             cf.mtime_ns = max(cf.mtime_ns, seen[1])
+
+    def size_now(self, cf: CachedFile) -> int:
+        """The length of the cache file the kernel writes, as it is now."""
+        return self._stat(cf)[0]
 
     def _stat(self, cf: CachedFile) -> tuple[int, int]:
         assert cf.fid is not None

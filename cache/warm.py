@@ -1,7 +1,11 @@
 """The warm cache: clean content a previous mount left in the cache directory.
 
 A remount reuses the cached chunks of an object only while S3 still holds the very same
-version (ETag and size); anything else in the directory is dropped at start (D19, D20).
+version (ETag and size) (D19). A cache file the journal does not name is never deleted at
+start: after a crash or with a damaged or lost journal it may hold the only copy of
+acknowledged bytes, so it goes to `orphans/` beside `data/`, and `status` counts it (D20).
+A clean unmount deletes the cache files nobody needs (`sweep`), so orphans come only from
+crashes and damaged journals.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.journal import AsyncJournal, WarmFile
-from lakefs_mount.layout import PartMap
+from lakefs_mount.s3.layout import PartMap
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +35,25 @@ class WarmCache:
         return sum(self.parts.held_bytes(idx, entry.size) for idx in entry.chunks)
 
     async def load(self, data_dir: Path) -> None:
-        """Take stock of the cache directory: keep what the journal knows, drop the rest."""
+        """Take stock of the cache directory: keep what the journal knows; put the cache
+        files it does not know aside (`orphans/`), unless they hold no byte."""
         journal = self.journal
         self.entries = await journal(journal.sync.warm_files)
         known = await journal(journal.sync.known_fids)
+        aside = 0
         for path in data_dir.iterdir():
-            if not path.name.isdigit() or int(path.name) not in known:
-                path.unlink(missing_ok=True)  # a leftover of a crash or of an unlink
+            if path.name.isdigit() and int(path.name) in known:
+                continue
+            if not path.name.isdigit() or path.stat().st_blocks == 0:
+                path.unlink(missing_ok=True)  # not ours, or nothing in it (all evicted)
+                continue
+            aside += path.stat().st_size
+            put_aside(path, orphans_dir(data_dir))
+        if aside:
+            log.warning("%s: cache files the journal does not name (after a crash, or a "
+                        "damaged or lost journal), %d bytes, kept in %s: check them and "
+                        "delete them when they are not needed", data_dir.parent, aside,
+                        orphans_dir(data_dir))
         for entry in self.entries.values():
             self.budget.added(self._bytes(entry))
         for key in sorted(self.entries, key=lambda k: self.entries[k].fid):
@@ -46,6 +62,14 @@ class WarmCache:
             await self.drop(self.entries.pop(key))
         if self.entries:
             log.info("warm cache: %d file(s) from the previous mount", len(self.entries))
+
+    async def sweep(self, data_dir: Path, in_use: set[int]) -> None:
+        """At a clean unmount, the journal written: delete the cache files it does not
+        name and no open file uses, so that the next start finds no orphan."""
+        known = await self.journal(self.journal.sync.known_fids)
+        for path in data_dir.iterdir():
+            if path.name.isdigit() and int(path.name) not in known | in_use:
+                path.unlink(missing_ok=True)
 
     async def drop(self, entry: WarmFile) -> None:
         self.budget.removed(self._bytes(entry))
@@ -60,3 +84,17 @@ class WarmCache:
         if entry.etag != cf.base_etag or entry.size != cf.base_size or cf.fid is not None:
             return None, entry  # changed in S3 since: the caller drops it
         return entry, None
+
+
+def orphans_dir(data_dir: Path) -> Path:
+    return data_dir.parent / "orphans"
+
+
+def put_aside(path: Path, orphans: Path) -> None:
+    """Move a cache file into `orphans`, under a name no earlier orphan has."""
+    orphans.mkdir(mode=0o700, exist_ok=True)
+    target, n = orphans / path.name, 0
+    while target.exists():
+        n += 1
+        target = orphans / f"{path.name}.{n}"
+    path.rename(target)

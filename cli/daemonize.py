@@ -35,7 +35,8 @@ def run_foreground(config: MountConfig) -> int:
     """Run the daemon in this process with logs on stderr (and in the log file)."""
     from lakefs_mount.logsetup import setup_logging
 
-    setup_logging(config.log_level, config.log_file, foreground=True)
+    setup_logging(config.log_level, config.log_file, foreground=True,
+                  log_format=config.log_format)
     run_mount = _import_run_mount()
 
     def report_ready(error: str | None) -> None:
@@ -88,7 +89,8 @@ def _daemon_child(config: MountConfig, write_fd: int) -> None:
         os.close(log_fd)
         from lakefs_mount.logsetup import setup_logging
 
-        setup_logging(config.log_level, config.log_file, foreground=False, own_stdio=True)
+        setup_logging(config.log_level, config.log_file, foreground=False, own_stdio=True,
+                      log_format=config.log_format)
         rc = _import_run_mount()(config, report_ready)
         if not reported:
             report_ready(f"the daemon exited (status {rc}) without mounting; "
@@ -168,7 +170,9 @@ def _reap(pid: int, timeout: float) -> str:
         time.sleep(0.05)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path | None, lines: int = 20) -> str:
+    if path is None:
+        return "(no log file)"
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)

@@ -20,17 +20,20 @@ import click
 from lakefs_mount import control
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
 from lakefs_mount.cli.errors import PROG, CliError
+from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
 from lakefs_mount.config import (
     MiB,
     MountConfig,
     default_log_file,
     human_bytes,
+    parse_metrics_addr,
     parse_size,
     parse_source,
 )
 from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.logsetup import LOG_FORMATS
 from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
-from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.s3.objectstore import ObjectStoreError
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
 
@@ -48,6 +51,7 @@ class _Group(click.Group):
              **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        args = self._mount_fuse_form(args)
         try:
             rv = super().main(args, prog_name or PROG, complete_var, False, **extra)
         except click.UsageError as exc:
@@ -60,6 +64,20 @@ class _Group(click.Group):
         except (click.Abort, KeyboardInterrupt):
             _fail("interrupted", 130)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _mount_fuse_form(self, args: Any) -> Any:
+        """fuse3's generic helper mount.fuse3, which mount(8) runs for `-t fuse.lakefs-mount`
+        where /sbin has no mount.fuse.lakefs-mount, runs `lakefs-mount SOURCE MOUNTPOINT -o
+        OPTIONS`: that command line means what it means to mount.fuse.lakefs-mount."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if not argv or argv[0] in self.commands or argv[0].startswith("-") or "-o" not in argv:
+            return args
+        from lakefs_mount.cli.mount_helper import HelperError, mount_arguments
+
+        try:
+            return mount_arguments(argv)[0]
+        except HelperError as exc:
+            _fail(str(exc), 1)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -143,10 +161,15 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, metavar="[DEBUG|INFO|WARNING|ERROR]")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="Log lines as text, or as one JSON object per line for log shippers.")
 @click.option("--log-file", type=click.Path(path_type=Path),
               help="Log file (default: <state dir>/logs/<mount id>.log).")
 @click.option("--embedded-dir", type=click.Path(path_type=Path),
               help="Data directory of the embedded S3 server (only without SOURCE).")
+@click.option("--metrics-addr", metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
+              "':PORT' listens on 127.0.0.1 only).")
 @click.pass_context
 def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     """Mount SOURCE (s3://bucket[/prefix]) at MOUNTPOINT.
@@ -207,6 +230,11 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
     if cache_dir is not None and _is_relative_to(cache_dir, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
                                  param_hint="'--cache-dir'")
+    if opts["metrics_addr"] is not None:
+        try:
+            parse_metrics_addr(opts["metrics_addr"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param_hint="'--metrics-addr'") from None
     log_file = _abs(opts["log_file"]) if opts["log_file"] else default_log_file(mountpoint)
     if _is_relative_to(log_file, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
@@ -222,73 +250,13 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         metadata_ttl=opts["metadata_ttl"],
         commit_delay=opts["commit_delay"],
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
-        log_file=log_file,
+        log_file=log_file, log_format=opts["log_format"],
         embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,
+        metrics_addr=opts["metrics_addr"],
     )
 
 
 # ---------------------------------------------------------------------------- flush
-
-
-class _ProgressPrinter:
-    """Prints flush progress to stderr: a live line on a TTY, a line every 10 s otherwise."""
-
-    def __init__(self, verb: str) -> None:
-        self.verb = verb
-        self.tty = sys.stderr.isatty()
-        self.interval = 1.0 if self.tty else 10.0
-        self.last_print = 0.0
-        self.last: dict | None = None
-        self.dirty_line = False
-
-    def __call__(self, info: dict) -> None:
-        self.last = info
-        now = time.monotonic()
-        if now - self.last_print < self.interval:
-            return
-        self.last_print = now
-        text = f"{self.verb}: {describe_progress(info)}"
-        if self.tty:
-            sys.stderr.write("\r\x1b[K" + text)
-            self.dirty_line = True
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.dirty_line:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.dirty_line = False
-
-
-def _left_bytes(info: dict | None) -> int | None:
-    """Bytes not yet in S3 from a progress report (the daemon says bytes_left)."""
-    info = info or {}
-    left = info.get("bytes_left", info.get("dirty_bytes"))
-    return left if isinstance(left, int) else None
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' if n != 1 else ''}"
-
-
-def describe_progress(info: dict) -> str:
-    """One human line from a progress report; the last S3 error says why it is slow."""
-    parts = []
-    left = _left_bytes(info)
-    if left is not None:
-        parts.append(f"{human_bytes(left)} left")
-    files = info.get("files_left", info.get("files"))
-    if isinstance(files, int):
-        parts.append(_count(files, "file"))
-    if "uploaded_bytes" in info:
-        parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
-    if info.get("last_error"):
-        parts.append(f"retrying after: {info['last_error']}")
-    if not parts:
-        parts = [f"{k}={v}" for k, v in info.items()]
-    return ", ".join(parts)
 
 
 def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
@@ -308,15 +276,21 @@ def _relative_in_mount(mountpoint: Path, path: str | None) -> str | None:
 
 
 def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,
-             left_is: str) -> dict:
-    """A daemon operation on PATH that reports progress (flush, warmup): its result, or a
-    CliError that says why it failed, or what was left when it timed out."""
+             left_is: str, as_json: bool) -> dict:
+    """A daemon operation on PATH that reports progress (flush, warmup): its result (also
+    as a JSON line on stdout with --json), or a CliError that says why it failed, or what
+    was left when it timed out."""
     name = {"warmup": "warm-up"}.get(op, op)
-    printer = _ProgressPrinter(verb)
+    printer = ProgressPrinter(verb, as_json)
     try:
-        return control.call(mp, {"op": op, "path": rel}, timeout=timeout, on_progress=printer)
+        result = control.call(mp, {"op": op, "path": rel}, timeout=timeout,
+                              on_progress=printer)
+        printer.done(finished=True)
+        if as_json:
+            click.echo(json.dumps({"result": result}, default=str))
+        return result
     except ControlTimeout as exc:
-        left = _left_bytes(exc.last_progress or printer.last)
+        left = left_bytes(exc.last_progress or printer.last)
         still = f"; {left} bytes ({human_bytes(left)}) {left_is}" if left is not None else ""
         raise CliError(f"{name} timed out after {timeout:g} s{still}") from None
     except ControlError as exc:
@@ -326,8 +300,10 @@ def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: st
 
 
 def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Command]:
-    """A command over MOUNTPOINT [PATH] with --timeout (flush, warmup)."""
+    """A command over MOUNTPOINT [PATH] with --timeout and --json (flush, warmup)."""
     def make(fn: Callable[..., None]) -> click.Command:
+        fn = click.option("--json", "as_json", is_flag=True,
+                          help="Progress and result as JSON lines on stdout, for scripts.")(fn)
         fn = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
                           help=timeout_help)(fn)
         fn = click.argument("path", required=False)(fn)
@@ -337,7 +313,7 @@ def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Co
 
 
 @_path_command("Give up (exit 1) after this long; default: wait until done.")
-def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+def flush(mountpoint: Path, path: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until everything written under PATH (default: the whole mount) is in S3.
 
     PATH is absolute inside the mount or relative to its root. Exit status 0 only when the
@@ -345,15 +321,15 @@ def flush(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """
     mp = _abs(mountpoint)
     rel = _relative_in_mount(mp, path)
-    result = _path_op("flush", mp, rel, timeout, "flushing", "still dirty")
-    if sys.stderr.isatty():
+    result = _path_op("flush", mp, rel, timeout, "flushing", "still dirty", as_json)
+    if sys.stderr.isatty() and not as_json:
         flushed = result.get("flushed_bytes")
         extra = f" ({human_bytes(flushed)} uploaded)" if flushed else ""
         click.echo(f"{PROG}: {mp / (rel or '')} is in S3{extra}", err=True)
 
 
 @_path_command("Give up (exit 1) after this long; what came stays cached.")
-def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
+def warmup(mountpoint: Path, path: str | None, timeout: float | None, as_json: bool) -> None:
     """Fetch every file under PATH (default: the whole mount) from S3 into the cache.
 
     A restore that follows reads from the cache disk instead of S3: run it while the job
@@ -364,11 +340,13 @@ def warmup(mountpoint: Path, path: str | None, timeout: float | None) -> None:
     """
     mp = _abs(mountpoint)
     rel = _relative_in_mount(mp, path)
-    result = _path_op("warmup", mp, rel, timeout, "warming", "not yet cached")
+    result = _path_op("warmup", mp, rel, timeout, "warming", "not yet cached", as_json)
+    if as_json:
+        return
     files, local = result.get("files", 0), result.get("local_files", 0)
-    skipped = (f"; {_count(local, 'file')} with changes not yet in S3 skipped (their bytes"
+    skipped = (f"; {count(local, 'file')} with changes not yet in S3 skipped (their bytes"
                f" are here)" if local else "")
-    click.echo(f"{PROG}: {mp / (rel or '')} is cached: {_count(files, 'file')}, "
+    click.echo(f"{PROG}: {mp / (rel or '')} is cached: {count(files, 'file')}, "
                f"{human_bytes(result.get('bytes'))} ({human_bytes(result.get('fetched_bytes'))}"
                f" fetched from S3) in {result.get('seconds', 0):.1f} s{skipped}", err=True)
 
@@ -422,7 +400,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
     from lakefs_mount import mountpoint as mpt
 
     mp = _abs(mountpoint)
-    printer = _ProgressPrinter("flushing before unmount")
+    printer = ProgressPrinter("flushing before unmount")
     try:
         result = control.call(mp, {"op": "unmount", "flush": not no_flush}, timeout=timeout,
                               on_progress=printer)
@@ -432,7 +410,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
         return
     except ControlTimeout as exc:
         printer.done()
-        left = _left_bytes(exc.last_progress or printer.last)
+        left = left_bytes(exc.last_progress or printer.last)
         still = f"; {human_bytes(left)} still dirty" if left is not None else ""
         raise CliError(f"flush before unmount timed out after {timeout:g} s{still}; "
                        f"{mp} stays mounted") from None
@@ -476,10 +454,19 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("files_pending", "files pending", str),
     ("uploads_in_flight", "uploads in flight", str),
     ("bytes_uploaded", "bytes uploaded", human_bytes),
+    ("upload_rate", "upload rate", str),  # these three: status --watch
+    ("download_rate", "download rate", str),
+    ("time_to_clean", "time to clean", str),
     ("retries", "retries", str),
     ("errors", "errors", str),
     ("last_error", "last error", str),
+    ("last_s3_error_at", "last S3 error at",
+     lambda ts: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))),
+    ("s3_requests", "S3 requests", lambda ops: ", ".join(
+        f"{op} {s['count']}" + (f" ({s['failures']} failed)" if s["failures"] else "")
+        for op, s in ops.items()) or "none"),
     ("cache_used", "cache used", human_bytes),
+    ("orphans", "orphaned cache files", lambda v: f"{human_bytes(v)} (see the log)"),
     ("cache_size", "cache size", human_bytes),
     ("cache_dir", "cache dir", str),
 ]
@@ -508,11 +495,26 @@ def format_status(status: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               metavar="SECONDS")
-def status(mountpoint: Path, as_json: bool, timeout: float) -> None:
+@click.option("--watch", is_flag=True, help="Show it again every --interval, with upload "
+              "and download rates and the time to clean, until interrupted.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              metavar="SECONDS", help="Seconds between samples of --watch.")
+def status(mountpoint: Path, as_json: bool, timeout: float, watch: bool,
+           interval: float) -> None:
     """Show dirty data, uploads, errors and cache use of a mount."""
-    result = control.call(_abs(mountpoint), {"op": "status"}, timeout=timeout)
-    result = {k: v for k, v in result.items()
-              if not any(w in k.lower() for w in _SECRET_WORDS)}
+    def fetch() -> dict:
+        result = control.call(_abs(mountpoint), {"op": "status"}, timeout=timeout)
+        return {k: v for k, v in result.items()
+                if not any(w in k.lower() for w in _SECRET_WORDS)}
+
+    if watch:
+        from lakefs_mount.cli.watch import watch_status
+
+        try:
+            watch_status(fetch, interval, as_json, format_status)
+        except KeyboardInterrupt:
+            return
+    result = fetch()
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,10 +70,16 @@ class MountConfig:
     read_ahead: int = 4  # chunks
     log_level: str = "INFO"
     log_file: Path | None = None
+    log_format: str = "text"  # "text" | "json" (one JSON object per line)
     embedded_dir: Path | None = None  # state of the embedded SeaweedFS
+    metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
 
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)
+
+
+# What botocore accepts as a bucket name (S3-compatible servers take more than AWS does).
+BUCKET_NAME = re.compile(r"[a-zA-Z0-9._-]{1,255}")
 
 
 def parse_source(source: str) -> tuple[str, str]:
@@ -83,6 +90,10 @@ def parse_source(source: str) -> tuple[str, str]:
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise ValueError(f"SOURCE {source!r} names no bucket")
+    if not BUCKET_NAME.fullmatch(bucket):  # else botocore refuses it, once the daemon runs
+        raise ValueError(f"SOURCE {source!r}: {bucket!r} is not a bucket name (letters, "
+                         f"digits, '.', '-' and '_'; AWS S3 itself takes 3 to 63 lowercase "
+                         f"letters, digits, '.' and '-')")
     prefix = prefix.strip("/")
     return bucket, (prefix + "/") if prefix else ""
 
@@ -99,6 +110,15 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise ValueError(f"size must not be negative: {text!r}")
     return int(value)
+
+
+def parse_metrics_addr(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (loopback) -> (host, port); ValueError else."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"not HOST:PORT: {text!r} (e.g. 127.0.0.1:9567)")
+    host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
+    return host, int(port)
 
 
 def human_bytes(n: float | None) -> str:

@@ -21,23 +21,28 @@ from typing import Any
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.aiostore import AsyncStore
+from lakefs_mount import sdnotify
 from lakefs_mount.cache.flusher import Flusher
-from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
+from lakefs_mount.cache.warm import orphans_dir
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
-from lakefs_mount.control import serve_control
+from lakefs_mount.control import ControlError, serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
-from lakefs_mount.dirindex import DirIndex, parent_dir_key
-from lakefs_mount.fs import FileSystem, FSError
+from lakefs_mount.dirindex import parent_dir_key
+from lakefs_mount.fs import FileSystem
+from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
-from lakefs_mount.layout import PartMap
+from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namespace import Namespace
-from lakefs_mount.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3.stats import S3Stats, TimedStore
 from lakefs_mount.splice import advice as splice_advice
 from lakefs_mount.splice import writes_can_splice
 from lakefs_mount.uring import open_engine
@@ -77,10 +82,10 @@ def _lock_cache_dir(cache_dir: Path, stack: ExitStack) -> None:
 
 def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
     """The store of this mount, proven usable (bucket exists, credentials work) up front."""
-    from lakefs_mount.s3store import S3ObjectStore
+    from lakefs_mount.s3.store import S3ObjectStore
 
     if config.bucket is None:
-        from lakefs_mount.embedded import EmbeddedS3
+        from lakefs_mount.s3.embedded import EmbeddedS3
 
         state = config.embedded_dir or default_embedded_dir()
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -89,7 +94,8 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         # weed's filer stalls ~15 s on SIGTERM; its data is already in the OS by then
         stack.callback(server.stop, EMBEDDED_STOP_GRACE)
         store: ObjectStore = S3ObjectStore(EMBEDDED_BUCKET, endpoint_url=server.endpoint_url,
-                                           access_key="embedded", secret_key="embedded")
+                                           access_key="embedded", secret_key="embedded",
+                                           max_attempts=1)  # AsyncStore retries
         server.create_bucket(EMBEDDED_BUCKET)
         config.bucket = EMBEDDED_BUCKET
         config.endpoint_url = server.endpoint_url
@@ -99,9 +105,10 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
         return store
     store = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
                           region=config.region, profile=config.profile,
-                          max_pool=max(32, config.upload_concurrency * 2))
-    # The data client retries patiently; the start-up check must fail fast instead, so a
-    # wrong address or a dead server is reported within seconds, not after minutes.
+                          max_pool=max(32, config.upload_concurrency * 2),
+                          max_attempts=1)  # AsyncStore retries, in the one place (s3/retry)
+    # The daemon's requests are retried patiently; the start-up check must fail fast
+    # instead, so a wrong address or a dead server is reported within seconds.
     probe = S3ObjectStore(config.bucket, endpoint_url=config.endpoint_url,
                           region=config.region, profile=config.profile, max_pool=1,
                           connect_timeout=STARTUP_CONNECT_TIMEOUT,
@@ -116,7 +123,8 @@ class Daemon:
     def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
         self.config = config
         self.metrics = m.Metrics()
-        self.store = AsyncStore(store, self.metrics,
+        self.s3_stats = S3Stats()
+        self.store = AsyncStore(TimedStore(store, self.s3_stats), self.metrics,
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
         self.parts = PartMap(config.part_size)
@@ -132,6 +140,8 @@ class Daemon:
         self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
         self.flush_on_exit = True
+        self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
+        self.metrics_addr: str | None = None  # where /metrics listens, if it does
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -142,25 +152,21 @@ class Daemon:
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
                                       open_files=_cache_fd_budget())
+            dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
+            self.ns = ns = Namespace(self.store, self.cache, config.prefix,
+                                     config.metadata_ttl, (os.getuid(), os.getgid()),
+                                     index_writer=self.index_writer, dir_attrs=dir_attrs)
+            self.index = index = ns.index
             self.flusher = Flusher(self.cache, config.upload_concurrency,
-                                   commit_delay=config.commit_delay)
-            owner = (os.getuid(), os.getgid())
-            self.ns = Namespace(self.store, config.prefix, config.metadata_ttl, owner)
-            self.index = index = DirIndex(self.store, config.prefix, self.index_writer,
-                                          self.ns.index_entries)
-            self.ns.index = index
-            self.ns.dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
-            self.flusher.on_committed = lambda cf: self.ns.index_changed(
-                parent_dir_key(config.prefix, cf.key))
+                                   commit_delay=config.commit_delay,
+                                   on_committed=lambda cf: ns.index_changed(
+                                       parent_dir_key(config.prefix, cf.key)))
             self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
                 await nursery.start(index.run)
-                self.ns.on_remote_file = self.cache.adopt_warm
-                self.ns.on_remote_change = self.cache.invalidate
-                self.ns.fetch_small_object = self.cache.fetch_small_object
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:
@@ -177,15 +183,19 @@ class Daemon:
                              session.name)
                     if session.name == "pyfuse3" and not self.splice_writes:
                         log.info("%s", splice_advice())
+                    self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
                     await session.serve()
                 finally:
                     session.close(unmount=self.terminated)
                 log.info("unmounted %s", config.mountpoint)
+                sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
                 await index.write_changed(INDEX_WRITE_TIMEOUT)
                 await self.cache.settle_all()
                 await self.journal.write_notes()
+                await self.cache.warm.sweep(self.cache.data_dir, {  # (by fid: all have one)
+                    fid for fid, cf in self.cache.files.items() if cf.openers})
                 nursery.cancel_scope.cancel()
 
     async def _open_session(self) -> NativeSession | Pyfuse3Session:
@@ -263,13 +273,29 @@ class Daemon:
             "cache_dir": str(self.config.resolved_cache_dir()),
             "cache_size": self.config.cache_size,
             "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
+            # cache files a crash or a damaged journal left unnamed (warm.py): None if none
+            "orphans": await trio.to_thread.run_sync(_disk_usage, orphans_dir(cache.data_dir)),
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],
             "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
             **self.flusher.status(),
+            "metrics_addr": self.metrics_addr,
+            "s3_requests": self.s3_stats.snapshot(),
+            "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
         }
+
+    def status_from_thread(self) -> dict[str, Any] | None:
+        """`status` for a thread outside the loop (the /metrics server): computed in the
+        loop, so a scrape sees what `status --json` says; None before the mount is up or
+        once the loop has ended."""
+        if self.trio_token is None:
+            return None
+        try:
+            return trio.from_thread.run(self.status, trio_token=self.trio_token)
+        except trio.RunFinishedError:
+            return None
 
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
@@ -361,6 +387,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
         if not reported:
             reported = True
             report_ready(error)
+            notify_ready(config, error)
 
     with ExitStack() as stack:
         try:
@@ -373,18 +400,47 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             journal = Journal(cache_dir / JOURNAL_NAME)
             stack.callback(journal.close)
             _check_journal_matches(journal, config)
-        except (StartupError, ObjectStoreError, ValueError, OSError) as exc:
+        except (StartupError, ObjectStoreError, JournalDamaged, ValueError, OSError) as exc:
             log.error("mount failed: %s", exc)
             ready_once(str(exc))
             return 1
         daemon = Daemon(config, store, journal)
+        if config.metrics_addr is not None:
+            try:
+                server = MetricsServer(config.metrics_addr, daemon.status_from_thread)
+            except OSError as exc:
+                log.error("mount failed: %s", exc.strerror)
+                ready_once(exc.strerror)
+                return 1
+            stack.callback(server.close)
+            daemon.metrics_addr = server.address
         try:
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
-            log.exception("daemon failed")
-            ready_once(f"mount failed: {exc}")
+            cause = _first_cause(exc)  # not "Exceptions from Trio nursery (1 sub-exception)"
+            if isinstance(cause, StartupError | ControlError | ObjectStoreError | OSError):
+                log.error("mount failed: %s", cause)
+            else:
+                log.exception("daemon failed")
+            ready_once(f"mount failed: {cause}")
             return 1
     return 0
+
+
+def notify_ready(config: MountConfig, error: str | None) -> None:
+    """Tell systemd (Type=notify) that the mount is usable, or why it failed."""
+    if error is None:
+        sdnotify.notify(READY=1, STATUS=f"mounted s3://{config.bucket}/{config.prefix} at "
+                        f"{config.mountpoint}")
+    else:
+        sdnotify.notify(STATUS=f"mount failed: {error}")
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The first exception inside nested exception groups (trio's nurseries wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _check_journal_matches(journal: Journal, config: MountConfig) -> None:

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import trio
 
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.journal import AsyncJournal
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.layout import decode_attrs
-from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectInfo, ObjectStoreError
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import decode_attrs
+from lakefs_mount.s3.objectstore import MAX_KEY_BYTES, ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.aiostore import AsyncStore
-from lakefs_mount.objectstore import ObjectStoreError, key_fits
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.objectstore import ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
 

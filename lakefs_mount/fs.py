@@ -1,8 +1,9 @@
 """The filesystem core: POSIX operations on inodes, without the kernel.
 
-`fuse_ops.py` is a thin pyfuse3 adapter over this class, and tests may drive it directly.
-Errors are `FSError(errno)`. Content goes through the cache; namespace changes of
-committed objects (mkdir markers, unlink, rename) are done in S3 before they return.
+Both FUSE sessions (`kernel/`, the native one, and `fuse_ops.py` over pyfuse3) are thin
+adapters over this class, and tests may drive it directly. Errors are `FSError(errno)`
+(fserrors). Content goes through the cache; namespace changes of committed objects (mkdir
+markers, unlink, rename) are done in S3 (s3names) before they return.
 """
 
 from __future__ import annotations
@@ -12,19 +13,15 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-
-import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.dirattrs import DirStat, sidecar_fits
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.layout import SPECIAL_TYPES, encode_attrs
+from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
 from lakefs_mount.namespace import (
     ROOT_INO,
     SMALL_OBJECT_MAX,
@@ -34,7 +31,8 @@ from lakefs_mount.namespace import (
     kind_of,
     valid_name,
 )
-from lakefs_mount.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, SPECIAL_TYPES
+from lakefs_mount.s3names import S3Names, dir_stat
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +40,7 @@ RENAME_NOREPLACE = 1
 BLOCK_SIZE = 4096
 ATTR_TIMEOUT = 1.0  # seconds the kernel may cache names and attributes
 BLKSIZE = 128 * 1024  # st_blksize: the I/O size programs should prefer
-
-
-class FSError(Exception):
-    def __init__(self, err: int, message: str = "") -> None:
-        super().__init__(message or os.strerror(err))
-        self.errno = err
-
-
-def errno_of(exc: Exception, what: str) -> int:
-    """The errno a failed operation answers the kernel with, for either FUSE session.
-    A failure of the cache disk (ENOSPC, ...) tells the caller why; anything unexpected
-    is logged with its traceback and becomes EIO."""
-    if isinstance(exc, FSError):
-        return exc.errno
-    if isinstance(exc, OSError):
-        log.error("%s failed: %s", what, exc)
-        return exc.errno or errno.EIO
-    log.error("internal error in %s", what, exc_info=exc)
-    return errno.EIO
+_TOO_BIG = "larger than S3's largest object (5 TiB)"
 
 
 @dataclass(frozen=True)
@@ -86,16 +66,6 @@ class Handle:
     passthrough: bool = False  # the kernel serves it from the cache file (see passthrough)
 
 
-@asynccontextmanager
-async def s3_errors(what: str) -> AsyncIterator[None]:
-    """A failed S3 call in a namespace operation becomes EIO, with the reason logged."""
-    try:
-        yield
-    except ObjectStoreError as exc:
-        log.error("%s failed: %s", what, exc)
-        raise FSError(errno.EIO, str(exc)) from exc
-
-
 class FileSystem:
     def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, *,
                  read_only: bool = False, fsync_remote: bool = False) -> None:
@@ -108,7 +78,7 @@ class FileSystem:
         self._handles: dict[int, Handle] = {}
         self._dir_handles: dict[int, list[tuple[str, int]]] = {}
         self._next_fh = 1
-        self._copy_limiter = trio.CapacityLimiter(16)
+        self.s3names = S3Names(ns, cache, flusher)
 
     # -- attributes -------------------------------------------------------------------
 
@@ -187,6 +157,8 @@ class FileSystem:
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
             raise FSError(errno.EINVAL)
+        if size is not None and size > MAX_OBJECT_SIZE:
+            raise FSError(errno.EFBIG, _TOO_BIG)
         if cf.pt_writers:  # the chunk map first learns what the kernel wrote
             await self.cache.passthrough.sync(cf)
         if size is not None:
@@ -202,12 +174,6 @@ class FileSystem:
 
     # -- directories ------------------------------------------------------------------
 
-    async def _put_dir_marker(self, inode: Inode) -> None:
-        key = self.ns.key_of(inode)
-        meta = encode_attrs(inode.mode, inode.uid, inode.gid, inode.mtime_ns)
-        async with s3_errors(f"PUT {key}"):
-            await self.store.call(self.store.sync.put, key, b"", meta)
-
     async def _save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
         """Where the store drops a marker's metadata, the sidecar key (dirattrs) first,
         then the marker with the attributes: a directory never shows up in S3 before its
@@ -215,8 +181,8 @@ class FileSystem:
         key = self.ns.key_of(inode)
         if self.ns.dir_attrs is not None:
             async with s3_errors(f"saving the attributes of {key}"):
-                await self.ns.dir_attrs.save(key, _dir_stat(inode), replace=replace)
-        await self._put_dir_marker(inode)
+                await self.ns.dir_attrs.save(key, dir_stat(inode), replace=replace)
+        await self.s3names.put_dir_marker(inode)
 
     async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
@@ -236,22 +202,9 @@ class FileSystem:
         if not valid_name(name):
             raise FSError(invalid or (errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL))
         if is_dir:
-            self._check_dir_key(self.ns.key_of(parent) + name + "/")
+            check_dir_key(self.ns.key_of(parent) + name + "/", self.ns.dir_attrs)
         else:
-            self._check_key(self.ns.key_of(parent) + name)
-
-    def _check_key(self, key: str) -> None:
-        if not key_fits(key):
-            raise FSError(errno.ENAMETOOLONG,
-                          f"{key[:60]}... would need an S3 key over {MAX_KEY_BYTES} bytes")
-
-    def _check_dir_key(self, key: str) -> None:
-        """A directory's marker and, where the store needs one, its sidecar key must fit."""
-        dir_attrs = self.ns.dir_attrs
-        self._check_key(key)
-        if dir_attrs is not None and dir_attrs.sidecars and not sidecar_fits(key):
-            raise FSError(errno.ENAMETOOLONG, f"{key[:60]}... leaves no room in S3's "
-                          f"{MAX_KEY_BYTES} bytes for the key of its attributes")
+            check_key(self.ns.key_of(parent) + name)
 
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
         parent = await self._new_name(parent_ino, name, is_dir=True)
@@ -424,9 +377,9 @@ class FileSystem:
         moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
         old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
         if inode.is_dir:
-            await self._rename_dir(inode, dst_parent, name_new)
+            await self.s3names.move_dir(inode, dst_parent, name_new)
         else:
-            await self._rename_file(inode, dst_parent, name_new)
+            await self.s3names.move_file(inode, dst_parent, name_new)
         for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
             self.ns.index_changed(key)
         now = time.time_ns()
@@ -456,122 +409,6 @@ class FileSystem:
         if cf.openers == 0:
             self.cache.close_file(cf)
         self.ns.detach(target)
-
-    async def _copy_object(self, src: str, dst: str) -> None:
-        async with self._copy_limiter, s3_errors(f"rename {src} -> {dst}"):
-            if src.endswith("/"):
-                # A directory marker: some stores (SeaweedFS) cannot CopyObject a key
-                # ending in "/", and it has no content worth copying anyway.
-                info = await self.store.head(src)
-                await self.store.call(self.store.sync.put, dst, b"",
-                                      info.metadata if info is not None else {})
-            else:
-                await self.store.copy(src, dst, None)
-
-    async def _delete_objects(self, keys: list[str]) -> None:
-        """The old names of a rename, once nothing needs them (a failure leaves a duplicate)."""
-        async def delete(key: str) -> None:
-            async with self._copy_limiter:
-                try:
-                    await self.store.delete(key)
-                except ObjectStoreError as exc:
-                    log.warning("rename left %s behind: %s", key, exc)
-
-        async with trio.open_nursery() as nursery:
-            for key in keys:
-                nursery.start_soon(delete, key)
-
-    async def _abandon_upload(self, cf: CachedFile) -> None:
-        """An upload open at the old key cannot move: its parts go again, to the new key."""
-        async with s3_errors(f"aborting the upload of {cf.key}"):
-            await self.flusher.abandon_upload(cf)
-
-    async def _rename_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
-        """Journal first, then copy, then delete: a crash at any step loses nothing (D7, D8)."""
-        cf = inode.file
-        assert cf is not None
-        new_key = self.ns.key_of(dst_parent) + name
-        async with cf.commit_lock:
-            old_key, base = cf.key, cf.base_key
-            await self._abandon_upload(cf)
-            await self.cache.rekey(cf, new_key, base)  # data not yet in S3: a journal update
-            if base is not None:
-                try:
-                    await self._copy_object(base, new_key)  # data in S3 moves server-side
-                except FSError:
-                    await self.cache.rekey(cf, old_key, base)
-                    raise
-                await self.cache.rekey(cf, new_key, new_key)
-                await self._delete_objects([base])
-        self.ns.move(inode, dst_parent, name)
-
-    async def _rename_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
-        old_prefix = self.ns.key_of(inode)
-        new_prefix = self.ns.key_of(dst_parent) + name + "/"
-
-        def moved(key: str) -> str:
-            return new_prefix + key[len(old_prefix):] if key.startswith(old_prefix) else key
-
-        files = [d.file for d in self.ns.descendants(inode) if d.file is not None]
-        locks = [cf.commit_lock for cf in files]
-        for lock in locks:
-            await lock.acquire()
-        try:
-            # listed only once no commit is in flight: one landing after the listing would
-            # be rekeyed without being copied and stay behind under the old prefix
-            async with s3_errors(f"listing {old_prefix}"):
-                objects = await self.store.list_recursive(old_prefix)
-            dirs = [self.ns.key_of(d) for d in self.ns.descendants(inode) if d.is_dir]
-            for key in [*(o.key for o in objects), *(cf.key for cf in files), *dirs]:
-                # before anything moves
-                (self._check_dir_key if key.endswith("/") else self._check_key)(moved(key))
-            old_attrs, new_attrs = await self._copy_dir_attrs(inode, old_prefix, new_prefix)
-            for cf in files:  # pending data follows the new names; bases stay until copied
-                await self._abandon_upload(cf)
-                await self.cache.rekey(cf, moved(cf.key), cf.base_key)
-            try:
-                async with trio.open_nursery() as nursery:
-                    for obj in objects:
-                        nursery.start_soon(self._copy_object, obj.key, moved(obj.key))
-            except ExceptionGroup as group:
-                await self._delete_objects([moved(o.key) for o in objects] + new_attrs)
-                for cf in files:
-                    await self.cache.rekey(cf, old_prefix + cf.key[len(new_prefix):],
-                                           cf.base_key)
-                first = group.exceptions[0]
-                raise FSError(first.errno if isinstance(first, FSError) else errno.EIO) from group
-            self.ns.move(inode, dst_parent, name)
-            for cf in files:
-                if cf.base_key is not None:
-                    await self.cache.rekey(cf, cf.key, moved(cf.base_key))
-        finally:
-            for lock in locks:
-                lock.release()
-        await self._delete_objects([o.key for o in objects if not o.key.endswith("/")]
-                                   + old_attrs)
-        await self._delete_folders(old_prefix, [o.key for o in objects])
-        if not any(o.key == old_prefix for o in objects):
-            await self._put_dir_marker(inode)
-
-    async def _delete_folders(self, prefix: str, keys: list[str]) -> None:
-        """The markers of a moved tree, and the folders that stores such as SeaweedFS keep
-        for its keys even where no marker was written, deepest first: such a store keeps a
-        folder that still holds anything, and lists it on as a directory."""
-        folders = {prefix}
-        for key in keys:
-            parts = key[len(prefix):].split("/")[:-1]
-            folders.update(prefix + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
-        for depth in sorted({f.count("/") for f in folders}, reverse=True):
-            await self._delete_objects([f for f in folders if f.count("/") == depth])
-
-    async def _copy_dir_attrs(self, inode: Inode, old_prefix: str, new_prefix: str
-                              ) -> tuple[list[str], list[str]]:
-        """The attributes of a directory being renamed, and of those below it, at their
-        new place before any object moves (dirattrs.copy_tree)."""
-        if self.ns.dir_attrs is None:
-            return [], []
-        async with s3_errors(f"copying the directory attributes under {old_prefix}"):
-            return await self.ns.dir_attrs.copy_tree(old_prefix, new_prefix, _dir_stat(inode))
 
     async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
         raise FSError(errno.EPERM, "hard links are not supported")
@@ -705,6 +542,10 @@ class FileSystem:
         self.cache.metrics[m.WRITE_REQUESTS] += 1
         if handle.append:
             offset = cf.size
+        if offset + len(data) > MAX_OBJECT_SIZE:  # a short write up to the limit, then EFBIG
+            if offset >= MAX_OBJECT_SIZE:
+                raise FSError(errno.EFBIG, _TOO_BIG)
+            data = memoryview(data)[:MAX_OBJECT_SIZE - offset]
         async with s3_errors(f"writing {cf.key}"):
             written = await self.cache.write(cf, offset, data)
         cf.mtime_ns = time.time_ns()
@@ -797,10 +638,6 @@ class FileSystem:
         return {"bsize": BLOCK_SIZE, "blocks": total // BLOCK_SIZE,
                 "bfree": total // BLOCK_SIZE, "files": 1 << 32, "ffree": 1 << 32,
                 "namemax": 255}
-
-
-def _dir_stat(inode: Inode) -> DirStat:
-    return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
 
 
 def _nlink(inode: Inode) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
 
-from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem, errno_of
+from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
+from lakefs_mount.fserrors import errno_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,7 +67,7 @@ class FuseOperations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         return entry(await _call(self.fs.lookup, parent_inode, _name(name)))
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.fs.forget(ino, count)
 
@@ -119,7 +120,7 @@ class FuseOperations(pyfuse3.Operations):
         data = await _call(self.fs.page_cache_fill, fh)
         if data is not None:
             try:  # the kernel keeps these pages: the open below says keep_cache
-                pyfuse3.notify_store(inode, 0, data)
+                pyfuse3.notify_store(inode, 0, data)  # type: ignore[arg-type]  # any buffer
                 self.fs.page_cache_filled(fh)
             except OSError as exc:
                 log.debug("page cache of inode %d not filled: %s", inode, exc)
@@ -131,7 +132,8 @@ class FuseOperations(pyfuse3.Operations):
                                ctx.gid)
         return pyfuse3.FileInfo(fh=fh), entry(attr)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+    async def read(  # type: ignore[override]  # pyfuse3 replies with any buffer
+            self, fh: int, off: int, size: int) -> bytes | memoryview:
         return await _call(self.fs.read, fh, off, size)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -6,14 +6,17 @@ carry access keys or signatures, and log files get pasted into bug reports.
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMATS = ("text", "json")
 MASK = "***"
 SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _NOISY = ("botocore", "boto3", "s3transfer", "urllib3")
@@ -82,6 +85,36 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+# What every LogRecord has; anything else on a record came from `extra=` and is a field.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers: time (UTC, ISO 8601), level, logger,
+    message, the traceback if any, and the fields a caller passed with `extra=`.
+
+    Runs after RedactingFilter, which has scrubbed the message and traceback; string
+    fields from `extra=` are scrubbed here."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRS and not key.startswith("_"):
+                entry[key] = redact(value) if isinstance(value, str) else value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, default=str)
+
+
 def open_log_file(log_file: Path) -> None:
     """Create the log file (and its directory) private to the owner: 0600 in 0700."""
     log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -132,10 +165,10 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
 
 def setup_logging(level: str, log_file: Path | None, foreground: bool,
-                  own_stdio: bool = False) -> None:
+                  own_stdio: bool = False, log_format: str = "text") -> None:
     """Configure the root logger: stderr when in the foreground, plus `log_file` if given
     (rotated, see PrivateRotatingFileHandler; `own_stdio`: this process's stdout and
-    stderr are that file).
+    stderr are that file), lines as text or as JSON (`log_format`).
 
     Calling it again replaces the handlers it installed before.
     """
@@ -152,7 +185,7 @@ def setup_logging(level: str, log_file: Path | None, foreground: bool,
         handlers.append(logging.StreamHandler(sys.stderr))
     if log_file is not None:
         handlers.append(PrivateRotatingFileHandler(log_file, own_stdio))
-    formatter = logging.Formatter(FORMAT)
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(FORMAT)
     for handler in handlers:
         handler.setFormatter(formatter)
         handler.addFilter(RedactingFilter())

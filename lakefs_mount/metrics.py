@@ -1,17 +1,19 @@
-"""All metric names in one place: `status`, logs and tests use the same names."""
+"""All metric names in one place: `status`, logs, Prometheus and tests use the same names."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+PROMETHEUS_PREFIX = "lakefs_mount_"
+
 BYTES_UPLOADED = "bytes_uploaded"
 BYTES_DOWNLOADED = "bytes_downloaded"
 PARTS_UPLOADED = "parts_uploaded"
-PARTS_COPIED = "parts_copied"  # UploadPartCopy: unchanged ranges reused server-side
+PARTS_COPIED = "parts_copied"
 OBJECTS_PUT = "objects_put"
 UPLOADS_COMPLETED = "uploads_completed"
-SERVER_SIDE_COPIES = "server_side_copies"  # CopyObject of a whole object (rename, chmod)
-GETS = "gets"  # ranged GETs issued to fill the cache
+SERVER_SIDE_COPIES = "server_side_copies"
+GETS = "gets"
 HEADS = "heads"
 LISTS = "lists"
 DELETES = "deletes"
@@ -21,14 +23,70 @@ FILES_COMMITTED = "files_committed"
 ORPHAN_UPLOADS_ABORTED = "orphan_uploads_aborted"
 RECOVERED_FILES = "recovered_files"
 CACHE_EVICTIONS = "cache_evictions"
-WRITER_WAITS = "writer_waits"  # writes that waited for --max-dirty backpressure
-CACHE_FULL_WAITS = "cache_full_waits"  # cache-file writes that hit ENOSPC and made room
-INDEX_READS = "index_reads"  # GETs of directories' attribute indexes (see dirindex)
-INDEX_WRITES = "index_writes"  # PUTs of this mount's attribute indexes
-PAGE_CACHE_FILLS = "page_cache_fills"  # small files handed to the kernel with their open
-PASSTHROUGH_OPENS = "passthrough_opens"  # opens the kernel serves from the cache file itself
-READ_REQUESTS = "read_requests"  # FUSE READs the daemon served (none for passthrough opens)
-WRITE_REQUESTS = "write_requests"  # FUSE WRITEs the daemon served
+WRITER_WAITS = "writer_waits"
+CACHE_FULL_WAITS = "cache_full_waits"
+INDEX_READS = "index_reads"
+INDEX_WRITES = "index_writes"
+PAGE_CACHE_FILLS = "page_cache_fills"
+PASSTHROUGH_OPENS = "passthrough_opens"
+READ_REQUESTS = "read_requests"
+WRITE_REQUESTS = "write_requests"
+
+# Every counter with what it counts: the help text of its Prometheus counter.
+COUNTERS: dict[str, str] = {
+    BYTES_UPLOADED: "Bytes of file data sent to S3 (parts and whole objects).",
+    BYTES_DOWNLOADED: "Bytes fetched from S3 into the cache.",
+    PARTS_UPLOADED: "Multipart parts uploaded (UploadPart).",
+    PARTS_COPIED: "Parts reused server-side for unchanged ranges (UploadPartCopy).",
+    OBJECTS_PUT: "Objects written with a single PutObject.",
+    UPLOADS_COMPLETED: "Multipart uploads completed.",
+    SERVER_SIDE_COPIES: "Whole objects copied server-side (rename, chmod).",
+    GETS: "Ranged GETs issued to fill the cache.",
+    HEADS: "HEAD requests.",
+    LISTS: "LIST requests.",
+    DELETES: "DELETE requests.",
+    RETRIES: "S3 requests retried after a failure.",
+    ERRORS: "S3 requests that failed.",
+    FILES_COMMITTED: "Files whose data was committed in S3.",
+    ORPHAN_UPLOADS_ABORTED: "Multipart uploads of earlier runs aborted at recovery.",
+    RECOVERED_FILES: "Files with dirty data found in the journal at mount.",
+    CACHE_EVICTIONS: "Clean chunks evicted from the cache.",
+    WRITER_WAITS: "Writes that waited for --max-dirty backpressure.",
+    CACHE_FULL_WAITS: "Cache-file writes that hit ENOSPC and made room.",
+    INDEX_READS: "GETs of directories' attribute indexes.",
+    INDEX_WRITES: "PUTs of this mount's attribute indexes.",
+    PAGE_CACHE_FILLS: "Small files handed to the kernel with their open.",
+    PASSTHROUGH_OPENS: "Opens the kernel serves from the cache file itself.",
+    READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
+    WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
+}
+
+# Keys of the `status` dict exported as Prometheus gauges: status key -> (name, help).
+GAUGES: dict[str, tuple[str, str]] = {
+    "dirty_bytes": ("dirty_bytes", "Bytes written here and not yet committed in S3."),
+    "files_pending": ("dirty_files", "Files with data not yet committed in S3."),
+    "max_dirty": ("dirty_limit_bytes", "Dirty bytes at which writers wait (--max-dirty)."),
+    "uploads_in_flight": ("uploads_in_flight", "Part and object uploads running now."),
+    "parts_queued": ("parts_queued", "Parts waiting for an upload slot."),
+    "files_committing": ("files_committing", "Files whose commit is running now."),
+    "cache_used": ("cache_used_bytes", "Bytes the cache files take on disk."),
+    "cache_size": ("cache_budget_bytes", "Cache size beyond which clean chunks are evicted."),
+    "uptime_s": ("uptime_seconds", "Seconds since the daemon started."),
+    "last_s3_error_at": ("last_s3_error_timestamp_seconds",
+                         "Unix time of the last failed S3 request."),
+}
+
+# Per S3 operation (label `operation`), from the `s3_requests` of `status` (see s3/stats.py).
+S3_REQUEST_SECONDS = "s3_request_duration_seconds"  # histogram
+S3_REQUEST_FAILURES = "s3_request_failures"  # counter
+
+
+def prometheus_counter(name: str) -> str:
+    """The Prometheus name of a counter, unit last: bytes_uploaded -> lakefs_mount_uploaded_
+    bytes_total (the client adds `_total`)."""
+    if name.startswith("bytes_"):
+        name = name.removeprefix("bytes_") + "_bytes"
+    return PROMETHEUS_PREFIX + name
 
 
 class Metrics(Counter[str]):

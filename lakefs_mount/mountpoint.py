@@ -200,7 +200,7 @@ def check_cache_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.unlink(probe)
+            probe.unlink(missing_ok=True)  # also when the disk refused the write
     except OSError as exc:
         raise MountpointError(f"cache directory {target} is not writable: "
                               f"{exc.strerror or exc}; pick another one with --cache-dir") from None

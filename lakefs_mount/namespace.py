@@ -13,17 +13,17 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
-from lakefs_mount.layout import SPECIAL_TYPES, decode_attrs
-from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import SPECIAL_TYPES, decode_attrs
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -109,23 +109,22 @@ class Inode:
 
 
 class Namespace:
-    def __init__(self, store: AsyncStore, prefix: str, ttl: float, owner: tuple[int, int]) -> None:
+    def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
+                 owner: tuple[int, int], *, index_writer: str,
+                 dir_attrs: DirAttrs | None) -> None:
         self.store = store
+        # The cache learns of files seen in S3 (a previous mount may hold them: adopt_warm),
+        # of bases moving to a new version (their cached chunks are void: invalidate), and
+        # GETs small objects whole at lookup (fetch_small_object).
+        self.cache = cache
         self.prefix = prefix
         self.ttl = ttl
         self.owner = owner
         self._next_ino = itertools.count(ROOT_INO + 1)
-        # Called for each file first seen in S3: the cache may hold it from a previous mount.
-        self.on_remote_file: Callable[[CachedFile], None] = lambda cf: None
-        # Called before a file's base moves to a new version: its cached chunks are void.
-        self.on_remote_change: Callable[[CachedFile], None] = lambda cf: cf.chunks.clear()
-        # GETs a small object whole at lookup, its bytes into the cache: its HEAD and the
-        # read that follows in one request (None: it does not exist).
-        self.fetch_small_object: Callable[[CachedFile], Awaitable[ObjectInfo | None]] | None = None
-        # Directories' attribute indexes (None: HEAD every listed file before readdir).
-        self.index: DirIndex | None = None
+        # Directories' attribute indexes, written by this cache as `index_writer`.
+        self.index = DirIndex(store, prefix, index_writer, self.index_entries)
         # Where directories' own attributes are kept (None: listed directories show defaults).
-        self.dir_attrs: DirAttrs | None = None
+        self.dir_attrs = dir_attrs
         now = time.time_ns()
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
@@ -245,7 +244,7 @@ class Namespace:
         cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
                         mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
                         base_etag=obj.etag, validated_at=time.monotonic())
-        self.on_remote_file(cf)
+        self.cache.adopt_warm(cf)
         return cf
 
     async def ensure_listed(self, dir_inode: Inode, force: bool = False) -> None:
@@ -321,7 +320,7 @@ class Namespace:
             return
         if cf.pending or cf.openers:
             return
-        self.on_remote_change(cf)
+        self.cache.invalidate(cf)
         cf.size = cf.base_size = obj.size
         cf.base_etag = obj.etag
         cf.base_key = obj.key
@@ -353,11 +352,10 @@ class Namespace:
             else:
                 await self._head_dirs(parent, [inode])
             return
-        fetch = self.fetch_small_object
-        if (fetch is not None and with_body and not cf.pending
+        if (with_body and not cf.pending
                 and not cf.chunks  # a warm cache already holds it: HEAD is enough
                 and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
-            info = await fetch(cf)
+            info = await self.cache.fetch_small_object(cf)
         else:
             info = await self.store.head(cf.key)
         inode.headed = True
@@ -427,7 +425,7 @@ class Namespace:
         todo = [self.inodes[ino] for ino in dir_inode.children.values()
                 if ino in self.inodes and not self.inodes[ino].headed
                 and self.inodes[ino].file is not None]
-        if not todo or self.index is None or dir_inode.indexed_at == dir_inode.listed_at:
+        if not todo or dir_inode.indexed_at == dir_inode.listed_at:
             return todo  # (the indexes were read since the last listing)
         dir_inode.indexed_at = dir_inode.listed_at
         found = await self.index.load(self.key_of(dir_inode))
@@ -466,8 +464,7 @@ class Namespace:
 
     def index_changed(self, dir_key: str) -> None:
         """This mount changed what the directory holds in S3: its index is due a rewrite."""
-        if self.index is not None:
-            self.index.changed(dir_key)
+        self.index.changed(dir_key)
 
     def apply_metadata(self, inode: Inode, info: ObjectInfo) -> None:
         cf = inode.file
@@ -485,7 +482,7 @@ class Namespace:
         cf.rdev = attrs.rdev
         cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
         if cf.base_etag != info.etag:
-            self.on_remote_change(cf)
+            self.cache.invalidate(cf)
         cf.size = cf.base_size = info.size
         cf.base_etag = info.etag
         cf.validated_at = time.monotonic()

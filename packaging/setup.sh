@@ -10,12 +10,15 @@
 # 3. A virtualenv, default /opt/lakefs-mount/venv (override: LAKEFS_MOUNT_VENV), made with
 #    the python3 on PATH (3.11 or newer), holding an editable install of this checkout
 #    with its test extras: `pip install -e "<repo>[test,frameworks]"`.
-# 4. /usr/local/bin/lakefs-mount -> <venv>/bin/lakefs-mount.
+# 4. /usr/local/bin/lakefs-mount -> <venv>/bin/lakefs-mount, and the mount(8) helper
+#    /sbin/mount.fuse.lakefs-mount -> <venv>/bin/mount.fuse.lakefs-mount (mount(8) looks
+#    for helpers in /sbin only), so `mount -t fuse.lakefs-mount` and fstab lines work.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${LAKEFS_MOUNT_VENV:-/opt/lakefs-mount/venv}"
 BIN_LINK=/usr/local/bin/lakefs-mount
+HELPER_LINK=/sbin/mount.fuse.lakefs-mount
 MIN_PYTHON=(3 11)
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -44,6 +47,8 @@ python_is_debians() {
 install_debian_packages() {
     command -v dpkg >/dev/null || die "dpkg not found: this installer is for Debian (and derivatives)"
     local wanted=(fuse3 libfuse3-dev pkg-config gcc libc6-dev python3-venv)
+    # shellcheck disable=SC2206  # a list of package names: split on blanks
+    wanted+=(${LAKEFS_MOUNT_EXTRA_DEBS:-})  # test.sh: what only the tests need
     if python_is_debians; then
         wanted+=(python3-dev)
     fi
@@ -166,18 +171,21 @@ install_project() {
     project_digest >"$VENV/.lakefs-mount-installed"
 }
 
+# link_command LINK: LINK -> the venv's command of the same name.
 link_command() {
-    local target="$VENV/bin/lakefs-mount"
+    local link="$1"
+    local target
+    target="$VENV/bin/$(basename "$link")"
     [[ -x $target ]] || die "$target is missing after the install"
-    if [[ $(readlink "$BIN_LINK" 2>/dev/null || true) == "$target" ]]; then
+    if [[ $(readlink "$link" 2>/dev/null || true) == "$target" ]]; then
         return
     fi
-    if ! is_root && [[ ! -w $(dirname "$BIN_LINK") ]]; then
-        say "not root: skipping the link $BIN_LINK -> $target (use $target)"
+    if ! is_root && [[ ! -w $(dirname "$link") ]]; then
+        say "not root: skipping the link $link -> $target (use $target)"
         return
     fi
-    ln -sfn "$target" "$BIN_LINK"
-    say "linked $BIN_LINK -> $target"
+    ln -sfn "$target" "$link"
+    say "linked $link -> $target"
 }
 
 main() {
@@ -186,7 +194,8 @@ main() {
     check_python
     ensure_venv
     install_project
-    link_command
+    link_command "$BIN_LINK"
+    link_command "$HELPER_LINK"
     say "ready: $("$VENV/bin/lakefs-mount" --version) (venv $VENV)"
 }
 

@@ -4,8 +4,9 @@
 #   sudo bash packaging/test.sh [extra pytest arguments]
 #
 # Runs packaging/setup.sh (Debian packages, /dev/fuse, the venv with the test extras),
-# then `ruff check .` and `<venv>/bin/python -m pytest -q -ra --timeout=600 tests` from
-# the repository root. Exit status 0 only if ruff is clean and every test passed; pytest
+# then `ruff check .`, `mypy -p lakefs_mount` and `<venv>/bin/python -m pytest -q -ra
+# --timeout=600 tests` from the repository root. Exit status 0 only if ruff and mypy are
+# clean and every test passed; pytest
 # collecting no tests (its exit status 5) is a failure too. CI runs this via .ci/run.
 set -euo pipefail
 
@@ -14,12 +15,19 @@ VENV="${LAKEFS_MOUNT_VENV:-/opt/lakefs-mount/venv}"
 
 say() { printf 'test: %s\n' "$*"; }
 
-bash "$REPO/packaging/setup.sh"
+# systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs)
+LAKEFS_MOUNT_EXTRA_DEBS="systemd" bash "$REPO/packaging/setup.sh"
 cd "$REPO"
 
 say "ruff check ."
 if ! "$VENV/bin/ruff" check .; then
     say "FAILED: ruff found lint errors (see above)"
+    exit 1
+fi
+
+say "mypy -p lakefs_mount"
+if ! "$VENV/bin/mypy" -p lakefs_mount; then
+    say "FAILED: mypy found type errors in the core packages (see above)"
     exit 1
 fi
 

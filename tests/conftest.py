@@ -23,9 +23,9 @@ import pytest
 from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
 from mounting import Mount
 
-from lakefs_mount.embedded import EmbeddedS3
-from lakefs_mount.objectstore import ObjectStoreError
-from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3.embedded import EmbeddedS3
+from lakefs_mount.s3.objectstore import ObjectStoreError
+from lakefs_mount.s3.store import S3ObjectStore
 
 AUTH_ACCESS_KEY = "lmtestaccesskey"
 AUTH_SECRET_KEY = "lmtestsecretkey0123456789"

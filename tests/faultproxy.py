@@ -6,6 +6,9 @@ network without touching the server: `delay_seconds` adds latency to every chunk
 resets new ones (an outage; the client's pooled keep-alive connections die too), and
 `truncate_responses_at = n` ends every new connection cleanly after n bytes from the
 server (a body cut short with a clean EOF, which only a length check can notice).
+`answer_with(status, code, count, methods)` answers the next `count` requests of those
+methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
+`parse_requests = True` (which reads requests one by one instead of pumping bytes).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class FaultProxy:
         self.bandwidth_bytes_per_s: float | None = None
         self.truncate_responses_at: int | None = None
         self.connections_total = 0
+        self.parse_requests = False
+        self.answered = 0  # requests answered with an injected error so far
+        self._answers: list[tuple[int, str, frozenset[str]]] = []
         self._fail = False
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
@@ -101,9 +107,74 @@ class FaultProxy:
         with self._lock:
             self._socks.update((client, upstream))
         pending = [2]  # pumps still running; the last one closes both sockets
-        for src, dst, limit in ((client, upstream, None),
-                                (upstream, client, self.truncate_responses_at)):
-            self._start(self._pump, src, dst, pending, limit)
+        if self.parse_requests:
+            self._start(self._pump_requests, client, upstream, pending)
+        else:
+            self._start(self._pump, client, upstream, pending, None)
+        self._start(self._pump, upstream, client, pending, self.truncate_responses_at)
+
+    def answer_with(self, status: int, code: str, count: int,
+                    methods: frozenset[str] = frozenset({"PUT", "POST"})) -> None:
+        """Answer the next `count` requests of `methods` with an S3 error, not forwarded."""
+        with self._lock:
+            self._answers.extend([(status, code, methods)] * count)
+
+    def _injected(self, method: str) -> tuple[int, str] | None:
+        with self._lock:
+            for i, (status, code, methods) in enumerate(self._answers):
+                if method in methods:
+                    del self._answers[i]
+                    self.answered += 1
+                    return status, code
+        return None
+
+    @staticmethod
+    def _answer(client: socket.socket, status: int, code: str, close: bool) -> None:
+        xml = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>"
+               f"<Message>injected by the fault proxy</Message></Error>").encode()
+        connection = "Connection: close\r\n" if close else ""
+        client.sendall(f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\n"
+                       f"{connection}Content-Length: {len(xml)}\r\n\r\n".encode() + xml)
+
+    def _pump_requests(self, client: socket.socket, upstream: socket.socket,
+                       pending: list[int]) -> None:
+        """Client to server, request by request (HTTP/1.1 without pipelining, bodies with
+        Content-Length, as S3 clients send them); injected answers go straight back."""
+        buffered = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    data = client.recv(_CHUNK)
+                    if not data or self._fail:
+                        raise OSError("closed")
+                    buffered += data
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                fields = {k.strip().lower(): v.strip()
+                          for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+                length = int(fields.get("content-length", "0"))
+                waits = fields.get("expect", "").lower() == "100-continue"  # body not yet sent
+                answer = self._injected(lines[0].split(" ", 1)[0])
+                if answer is None:
+                    upstream.sendall(head + b"\r\n\r\n")
+                elif waits:
+                    self._answer(client, *answer, close=True)  # instead of 100 Continue
+                    raise OSError("answered")
+                while length:  # the body: relayed, or read and dropped
+                    if not buffered:
+                        buffered = client.recv(_CHUNK)
+                        if not buffered:
+                            raise OSError("closed")
+                    piece, buffered = buffered[:length], buffered[length:]
+                    length -= len(piece)
+                    if answer is None:
+                        upstream.sendall(piece)
+                if answer is not None:
+                    self._answer(client, *answer, close=False)
+        except OSError:
+            pass
+        finally:
+            self._pump_done(client, upstream, pending)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name="faultproxy-pump",
@@ -135,23 +206,27 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            if self._fail:
-                _reset(src)
-                _reset(dst)
-            else:
-                # half-close: let the other direction finish its response
-                with contextlib.suppress(OSError):
-                    dst.shutdown(socket.SHUT_WR)
-            with self._lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-                if last:
-                    self._socks.discard(src)
-                    self._socks.discard(dst)
+            self._pump_done(src, dst, pending)
+
+    def _pump_done(self, src: socket.socket, dst: socket.socket, pending: list[int]) -> None:
+        """One direction ended: half-close (the other may still finish its response), or
+        reset both in an outage; the last of the two pumps closes both sockets."""
+        if self._fail:
+            _reset(src)
+            _reset(dst)
+        else:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+        with self._lock:
+            pending[0] -= 1
+            last = pending[0] == 0
             if last:
-                for sock in (src, dst):
-                    with contextlib.suppress(OSError):
-                        sock.close()
+                self._socks.discard(src)
+                self._socks.discard(dst)
+        if last:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     def close(self) -> None:
         """Stop accepting, reset every connection and join the threads."""

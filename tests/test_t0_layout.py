@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from lakefs_mount.layout import (
+from lakefs_mount.s3.layout import (
     MAX_PARTS,
     MiB,
     PartMap,

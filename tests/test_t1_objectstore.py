@@ -7,17 +7,21 @@ memory store say something about the real thing.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import trio
 from faultproxy import FaultProxy
+from memstore import MemoryObjectStore
 
-from lakefs_mount.embedded import EmbeddedS3, free_port
-from lakefs_mount.memstore import MemoryObjectStore
-from lakefs_mount.objectstore import (
+from lakefs_mount import metrics as m
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.embedded import EmbeddedS3, free_port
+from lakefs_mount.s3.objectstore import (
     AccessDenied,
     EndpointUnreachable,
     NoSuchBucket,
@@ -25,7 +29,7 @@ from lakefs_mount.objectstore import (
     ObjectStore,
     ObjectStoreError,
 )
-from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
 
@@ -409,3 +413,51 @@ def test_get_range_into_streams_pieces_at_their_offsets(store: ObjectStore) -> N
     assert n == len(body) - 1000 and bytes(got[1000:]) == body[1000:]
     assert max(pieces) <= 1024 * 1024 and len(pieces) >= 3
     assert store.get_range_into("stream/obj", len(body) + 5, len(body) + 10, write) == 0
+
+
+# ------------------------------------------------------------------ one retry policy
+
+
+def test_a_503_slowdown_is_retried_with_the_policy_and_a_403_is_not(
+        fault_proxy: FaultProxy, bucket: str) -> None:
+    """s3/retry: throttling is transient (another attempt follows), a refusal is not."""
+    fault_proxy.parse_requests = True
+    store = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url)  # 3 attempts
+    fault_proxy.answer_with(503, "SlowDown", 2, frozenset({"PUT"}))
+    store.put("throttled", b"landed", {})
+    assert fault_proxy.answered == 2 and store.get("throttled")[1] == b"landed"
+    fault_proxy.answer_with(403, "AccessDenied", 1, frozenset({"PUT"}))
+    with pytest.raises(AccessDenied) as refused:
+        store.put("refused", b"x", {})
+    assert not refused.value.transient and fault_proxy.answered == 3
+    once = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    fault_proxy.answer_with(503, "SlowDown", 1, frozenset({"PUT"}))
+    with pytest.raises(ObjectStoreError) as throttled:
+        once.put("once", b"x", {})
+    assert throttled.value.transient and "SlowDown" in str(throttled.value)
+
+
+def test_the_daemons_retries_are_counted_and_logged_in_one_place(
+        fault_proxy: FaultProxy, bucket: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The daemon's store makes one attempt per request; AsyncStore retries, and every
+    retry shows in the metrics (`status`) and in the log, with S3's error code."""
+    fault_proxy.parse_requests = True
+    once = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    metrics = m.Metrics()
+    store = AsyncStore(once, metrics)
+
+    async def body() -> None:
+        fault_proxy.answer_with(503, "SlowDown", 2, frozenset({"PUT"}))
+        await store.call(once.put, "dirmarker/", b"", {})
+        assert metrics[m.RETRIES] == 2 and metrics[m.ERRORS] == 2
+        fault_proxy.answer_with(400, "InvalidArgument", 1, frozenset({"PUT"}))
+        with pytest.raises(ObjectStoreError):  # not transient: a lookup gives up at once
+            await store.call(once.put, "bad", b"", {})
+        assert metrics[m.RETRIES] == 2 and metrics[m.ERRORS] == 3
+        fault_proxy.answer_with(500, "InternalError", 1, frozenset({"PUT"}))
+        await store.retrying("PutObject data", once.put, "data", b"x", {})  # the flusher's
+        assert metrics[m.RETRIES] == 3 and fault_proxy.answered == 4
+
+    with caplog.at_level(logging.WARNING, logger="lakefs_mount.s3.aiostore"):
+        trio.run(body)
+    assert sum("SlowDown" in r.getMessage() for r in caplog.records) == 2

@@ -22,10 +22,10 @@ from botocore.credentials import Credentials
 from faultproxy import FaultProxy
 from tlsproxy import TlsProxy
 
-from lakefs_mount.embedded import EmbeddedS3, free_port
-from lakefs_mount.objectstore import AccessDenied, EndpointUnreachable, ObjectStoreError
-from lakefs_mount.s3store import S3ObjectStore
-from lakefs_mount.s3wire import (
+from lakefs_mount.s3.embedded import EmbeddedS3, free_port
+from lakefs_mount.s3.objectstore import AccessDenied, EndpointUnreachable, ObjectStoreError
+from lakefs_mount.s3.store import S3ObjectStore
+from lakefs_mount.s3.wire import (
     ConnectFailed,
     Keys,
     ReadTimedOut,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -159,6 +160,27 @@ def test_cache_dir_created_private(tmp_path):
     assert target.is_dir()
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
     assert list(target.iterdir()) == []  # the write probe is gone
+
+
+@needs_root
+def test_a_full_cache_disk_is_refused_and_leaves_no_write_probe(tmp_path):
+    """Issue 29 defect 8: the refused check used to leave its probe file behind."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        target = disk / "cache"
+        target.mkdir()
+        filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):  # until every block is taken
+            while os.write(filler, b"\0" * 4096):
+                pass
+        os.close(filler)
+        with pytest.raises(MountpointError, match="not writable"):
+            check_cache_dir(target)
+        assert list(target.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_cache_dir_existing_is_tightened(tmp_path):

@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from memstore import MemoryObjectStore
 
 from lakefs_mount import metrics as m
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import CacheTooSmall, warm_up
-from lakefs_mount.layout import PartMap
-from lakefs_mount.memstore import MemoryObjectStore
-from lakefs_mount.objectstore import ObjectStore
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectStore
 from lakefs_mount.uring import open_engine
 
 MiB = 1024 * 1024

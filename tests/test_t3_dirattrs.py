@@ -6,8 +6,8 @@ from __future__ import annotations
 import stat
 
 import trio
+from memstore import MemoryObjectStore
 
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.dirattrs import (
     SIDECAR_ROOT,
     DirAttrs,
@@ -16,10 +16,10 @@ from lakefs_mount.dirattrs import (
     probe_markers,
     sidecar_fits,
 )
-from lakefs_mount.layout import encode_attrs
-from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.metrics import Metrics
-from lakefs_mount.objectstore import MAX_KEY_BYTES
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import encode_attrs
+from lakefs_mount.s3.objectstore import MAX_KEY_BYTES
 
 PRIVATE = DirStat(stat.S_IFDIR | 0o700, 1000, 100, 1_600_000_000_123_456_789)
 OPEN = DirStat(stat.S_IFDIR | 0o777, 1000, 100, 1_600_000_000_123_456_789)

@@ -16,8 +16,9 @@ from pathlib import Path
 import crc32c
 import pytest
 import trio
+from memstore import MemoryObjectStore
 
-from lakefs_mount.cache import direct, manager
+from lakefs_mount.cache import direct, fetcher, manager
 from lakefs_mount.cache.direct import (
     ALIGN,
     BUFFER_SIZE,
@@ -25,7 +26,6 @@ from lakefs_mount.cache.direct import (
     read_through,
 )
 from lakefs_mount.cache.partbody import CachePartBody, UploadSource, crc_of
-from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.uring._buffers import Pin
 from tests.test_t3_cache import PART, core, run
 
@@ -114,7 +114,7 @@ def test_a_fetched_chunk_nobody_reads_to_its_end_is_written_back_in_time(tmp_pat
             cf = c.in_s3("ckpt", len(data), etag)
             assert await c.cache.read(cf, PART + 5, 100) == data[PART + 5:PART + 105]
             path = c.cache.cache_path(cf.fid)
-            await settled(cf, 1, manager.FRESH_FOR + 3 * manager.NOTES_EVERY)
+            await settled(cf, 1, fetcher.FRESH_FOR + 3 * manager.NOTES_EVERY)
             await c.cache.journal.write_notes()
             assert cached_pages(path) == 0 and noted(c) == [1]
     run(body)
@@ -243,7 +243,8 @@ def test_a_disk_that_refuses_o_direct_requests_falls_back_to_the_page_cache(tmp_
                         return await call(fd, *args)
                     return checked
 
-            c.cache.engine = Refusing()  # type: ignore[assignment]
+            refusing = Refusing()  # the engine of the parts that read and write cache files
+            c.cache.reader.engine = c.cache.writer.engine = refusing  # type: ignore[assignment]
             cf = c.in_s3("old", len(old))
             assert await c.cache.read(cf, 0, len(old)) == old  # fetched, then written back
             await settled(cf, 0)

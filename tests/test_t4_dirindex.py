@@ -10,8 +10,8 @@ import stat
 
 import pytest
 import trio
+from memstore import MemoryObjectStore
 
-from lakefs_mount.aiostore import AsyncStore
 from lakefs_mount.dirindex import (
     INDEX_FOLDER,
     RESERVED_NAME,
@@ -22,9 +22,9 @@ from lakefs_mount.dirindex import (
     index_folder,
     parent_dir_key,
 )
-from lakefs_mount.memstore import MemoryObjectStore
 from lakefs_mount.metrics import Metrics
-from lakefs_mount.objectstore import AccessDenied
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.objectstore import AccessDenied
 
 
 def _tree(root) -> dict[str, tuple]:

@@ -6,10 +6,12 @@ import contextlib
 import hashlib
 import os
 import random
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from mounting import cli
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
@@ -111,3 +113,54 @@ def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_fa
     assert m.flush(timeout=120).returncode == 0
     assert s3.get_range("rewritten.bin", 0, 64 * MiB) == new
     assert path.read_bytes() == new
+
+
+def _crash_with_pending_files(m, fault_proxy) -> list[bytes]:
+    """Acknowledged (fsync'ed) files that never reached S3, then a kill -9."""
+    (m.path / "ckpt").mkdir()  # new: its names need no lookup in S3
+    fault_proxy.fail = True
+    bodies = [random.randbytes(200_000 + i) for i in range(3)]
+    for i, body in enumerate(bodies):
+        _write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
+    m.kill9()
+    fault_proxy.fail = False
+    return bodies
+
+
+def test_a_lost_journal_leaves_the_cached_bytes_aside_not_deleted(mount_factory, s3,
+                                                                   fault_proxy):
+    """Issue 29 defect 2, D20: the journal is gone after a crash, so the next mount cannot
+    tell what the cache files hold; it keeps them in orphans/ (not deleted), says so in
+    the log and in status, and a clean unmount leaves them there."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies = _crash_with_pending_files(m, fault_proxy)
+    for path in m.cache_dir.glob("journal.db*"):
+        path.unlink()
+    m.start()
+    orphans = m.cache_dir / "orphans"
+    assert sorted(p.read_bytes() for p in orphans.iterdir()) == sorted(bodies)
+    assert m.status()["orphans"] >= sum(map(len, bodies))
+    assert "kept in" in m.log_tail(200)
+    assert not any((m.path / "ckpt" / f"pending-{i}.bin").exists() for i in range(3))
+    assert m.unmount().returncode == 0
+    assert sorted(p.read_bytes() for p in orphans.iterdir()) == sorted(bodies)
+
+
+def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, fault_proxy):
+    """Issue 29 defect 2: a journal SQLite cannot read is refused with a clear message;
+    every cache file stays where it was."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    _crash_with_pending_files(m, fault_proxy)
+    data = sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir())
+    db = sqlite3.connect(m.cache_dir / "journal.db")  # its pages from the WAL into the file
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    with open(m.cache_dir / "journal.db", "r+b") as journal:
+        journal.seek(4096)
+        journal.write(b"\xa5" * 4096)  # a page of a table
+    proc = cli("mount", m.source, str(m.path), "--endpoint-url", m.endpoint_url,
+               "--cache-dir", str(m.cache_dir), "--log-file", str(m.log_file))
+    assert proc.returncode != 0
+    assert "journal" in proc.stderr and "damaged" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "sub-exception" not in proc.stderr
+    assert sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir()) == data

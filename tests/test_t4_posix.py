@@ -22,8 +22,8 @@ from mounting import Mount
 
 from lakefs_mount.dirattrs import SIDECAR_OVERHEAD
 from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.objectstore import ObjectInfo, ObjectStoreError
-from lakefs_mount.s3store import S3ObjectStore
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
 RENAME_NOREPLACE = 1
@@ -157,6 +157,27 @@ def test_truncate_shrinks_and_grows_with_zeros(work):
     work.flush()
     assert work.head("t").size == 3 * MiB
     assert work.body("t")[:8] == b"0123\0\0\0\0"
+
+
+def test_a_file_cannot_grow_past_s3s_largest_object(work):
+    """Issue 29, defect 3: S3 keeps no object over 5 TiB, so neither may the mount: EFBIG,
+    and the file stays as it was, flushable."""
+    path = work.path / "big"
+    path.write_bytes(b"0123456789")
+    with pytest.raises(OSError) as refused:
+        os.truncate(path, 6 * 1024**4)
+    assert refused.value.errno == errno.EFBIG
+    if work.mount.status()["passthrough"] != "on":  # else the kernel writes, not the daemon
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            with pytest.raises(OSError) as beyond:
+                os.pwrite(fd, b"x", 6 * 1024**4)
+            assert beyond.value.errno == errno.EFBIG
+        finally:
+            os.close(fd)
+    assert path.stat().st_size == 10
+    work.flush()
+    assert work.body("big") == b"0123456789"
 
 
 def test_ftruncate_on_open_file_then_write_past_end_leaves_hole(work):

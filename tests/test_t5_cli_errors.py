@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from test_t2_mountpoint import needs_fuse, needs_root, stale_fuse  # noqa: F401 (fixture)
 
 from lakefs_mount import logsetup
-from lakefs_mount.cli.main import cli, describe_progress, format_status
+from lakefs_mount.cli.main import cli, format_status
+from lakefs_mount.cli.progress import describe_progress
 from lakefs_mount.logsetup import RedactingFilter, redact, register_secret, setup_logging
 from lakefs_mount.mountpoint import is_mounted
 
@@ -62,7 +63,8 @@ def test_mount_on_non_empty_dir(tmp_path, cache):
     assert code == 2 and "is not empty" in err
 
 
-@pytest.mark.parametrize("source", ["bucket/prefix", "s3://", "http://b/x", "s3:/b"])
+@pytest.mark.parametrize("source", ["bucket/prefix", "s3://", "http://b/x", "s3:/b",
+                                    "s3://bad_bucket!", "s3://a b/x"])
 def test_bad_source(tmp_path, cache, source):
     code, err = run("mount", *cache, source, str(tmp_path))
     assert code == 2 and "SOURCE" in err and err.startswith("lakefs-mount: ")

@@ -23,9 +23,9 @@ import tlsproxy
 from mounting import CLI, Mount, _wait_gone, cli
 from tlsproxy import TlsProxy
 
-from lakefs_mount import embedded
-from lakefs_mount.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.s3 import embedded
+from lakefs_mount.s3.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 
 WRONG_SECRET = "WrongSecretMustNeverBeLogged0123456789"
 
@@ -348,6 +348,45 @@ def test_s3_down_during_flush_loses_nothing(mount_factory, fault_proxy, s3) -> N
     assert proc.returncode == 0, proc.stderr + m.log_tail()
     assert s3.get_range("ckpt.bin", 0, len(payload) + 1) == payload
     assert m.status()["files_pending"] == 0
+
+
+def test_throttling_by_s3_is_retried_and_shows_in_status_and_the_log(
+        mount_factory, fault_proxy, s3) -> None:
+    """Issue 29, defect 5: 503 SlowDown answers were retried invisibly inside the S3
+    client. Now each one is an error and a retry in `status`, and a log line."""
+    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
+    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.answer_with(503, "SlowDown", 4, frozenset({"PUT", "POST"}))
+    payload = os.urandom(24 * 1024 * 1024)  # parts, then CompleteMultipartUpload
+    (m.path / "ckpt.bin").write_bytes(payload)
+    proc = m.flush(timeout=120)
+    assert proc.returncode == 0, proc.stderr + m.log_tail()
+    assert s3.get_range("ckpt.bin", 0, len(payload) + 1) == payload
+    status = m.status()
+    assert fault_proxy.answered == 4
+    assert status["retries"] >= 4 and status["errors"] >= 4, status
+    assert m.log_tail(400).count("SlowDown") >= 4
+
+
+def test_a_mount_point_still_served_by_a_flushing_daemon_is_refused_in_one_line(
+        mount_factory, fault_proxy) -> None:
+    """Issue 29 defect 6: after a lazy unmount the old daemon may still be flushing into
+    an unreachable S3; a new mount there says so plainly (not 'Exceptions from Trio
+    nursery'), and the old daemon finishes once S3 is back."""
+    old: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (old.path / "d").mkdir()
+    fault_proxy.fail = True
+    (old.path / "d" / "pending.bin").write_bytes(b"x" * 100_000)
+    subprocess.run(["umount", "-l", str(old.path)], check=True)
+    new: Mount = mount_factory(name="second", start=False)
+    proc = cli("mount", new.source, str(old.path), "--endpoint-url", new.endpoint_url,
+               "--cache-dir", str(new.cache_dir), "--log-file", str(new.log_file))
+    assert proc.returncode != 0
+    assert "already serves" in proc.stderr and "sub-exception" not in proc.stderr, proc.stderr
+    assert "Traceback" not in new.log_file.read_text()
+    fault_proxy.fail = False
+    assert old.pid is not None
+    _wait_gone(old.pid, timeout=120)
 
 
 def test_unmount_busy(mount_factory) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -48,6 +49,52 @@ def test_cache_uring_and_cli_import_inside_the_lakefs_mount_namespace(tmp_path):
         "print(lakefs_mount.cli.main.cli.name)", tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "lakefs-mount"
+
+
+def test_a_plain_checkout_imports_the_card_folders_under_one_name_each(tmp_path):
+    """No install needed to follow an import: lakefs_mount.cache is the top-level cache/."""
+    result = _run_python(
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "import lakefs_mount.cache.journal as j, lakefs_mount.uring.ring as r\n"
+        "import lakefs_mount.cli.main as c, lakefs_mount.s3.layout as s\n"
+        "print(j.__file__, r.__file__, c.__file__, s.__file__)", tmp_path)
+    assert result.returncode == 0, result.stderr
+    paths = [Path(p) for p in result.stdout.split()]
+    assert [p.resolve().relative_to(REPO).as_posix() for p in paths] == [
+        "cache/journal.py", "uring/ring.py", "cli/main.py", "lakefs_mount/s3/layout.py"]
+    assert all(p.is_relative_to(REPO / "lakefs_mount") for p in paths)
+
+
+# docs/architecture.md: each layer imports only those below it.
+LAYERS = {"cli": 4, "filesystem": 3, "cache": 2, "s3": 1, "base": 0}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts or parts[0] in ("metrics", "logsetup", "config", "uring"):
+        return "base"
+    if parts[0] in ("cli", "cache", "s3"):
+        return parts[0]
+    return "filesystem"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    paths = [(path, ("lakefs_mount", *path.relative_to(REPO).with_suffix("").parts))
+             for folder in ("cache", "uring", "cli") for path in (REPO / folder).rglob("*.py")]
+    paths += [(path, path.relative_to(REPO).with_suffix("").parts)
+              for path in (REPO / "lakefs_mount").rglob("*.py")]  # (symlinks not followed)
+    assert len(paths) > 50
+    for path, parts in paths:
+        module = ".".join(parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if (name.startswith("lakefs_mount.")
+                        and LAYERS[_layer(name)] > LAYERS[_layer(module)]):
+                    upward.append(f"{module} -> {name}")
+    assert upward == []
 
 
 def test_ci_run_executes_the_readme_test_command():

@@ -11,7 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem, errno_of
+from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
+from lakefs_mount.fserrors import errno_of
 from lakefs_mount.kernel import device, wire
 
 if TYPE_CHECKING:

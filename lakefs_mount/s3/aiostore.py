@@ -1,4 +1,6 @@
-"""The object store as seen from the trio loop: every call in a worker thread, bounded."""
+"""The object store as seen from the trio loop: every call in a worker thread, bounded,
+and retried here, in the one place that decides (s3/retry): counted, logged, and cut
+short by `wake_retries` when a flush asks."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any, TypeVar
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.objectstore import (
+from lakefs_mount.s3.objectstore import (
     AccessDenied,
     Listing,
     NoSuchBucket,
@@ -21,6 +23,7 @@ from lakefs_mount.objectstore import (
     ObjectStore,
     ObjectStoreError,
 )
+from lakefs_mount.s3.retry import QUICK_ATTEMPTS, delay_after, transient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,39 +41,48 @@ class AsyncStore:
         self._limiter = trio.CapacityLimiter(max_threads)
         self._retry_now = trio.Event()
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _once(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(
             functools.partial(fn, *args), limiter=self._limiter, abandon_on_cancel=False)
 
+    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
+        """One S3 operation, retried only where the failure is transient (a 503, a
+        connection refused), QUICK_ATTEMPTS times: lookups and namespace changes."""
+        if what is None:
+            what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *args[:1]))
+        return await self.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS,
+                                   transient_only=True)
+
     async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
                        on_error: Callable[[Exception], None] | None = None,
-                       max_attempts: float = math.inf) -> T:
-        """Retry with exponential backoff (0.2 s doubling to 30 s) until it works.
+                       max_attempts: float = math.inf, transient_only: bool = False) -> T:
+        """Retry with exponential backoff (`retry.delay_after`) until it works, or until
+        `max_attempts`; with `transient_only`, a failure that is not transient ends it.
 
         Dirty data is never dropped, so the flusher retries forever; `on_error` lets it
-        publish the failure (status, waiting flushes) while it keeps trying.
+        publish the failure (status, waiting flushes) while it keeps trying. Every failed
+        attempt counts as an error, every new attempt as a retry, each with a log line.
         """
-        delay = 0.2
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await self.call(fn, *args)
+                return await self._once(fn, *args)
             except PERMANENT:
                 raise
             except (ObjectStoreError, OSError) as exc:
                 self.metrics[m.ERRORS] += 1
                 if on_error is not None:
                     on_error(exc)
-                if attempt >= max_attempts:
+                if attempt >= max_attempts or (transient_only and not transient(exc)):
                     raise
+                delay = delay_after(attempt)
                 if isinstance(exc, (AccessDenied, NoSuchBucket)):
                     log.error("%s failed: %s (retrying in %.1f s)", what, exc, delay)
                 else:
                     log.warning("%s failed: %s (retrying in %.1f s)", what, exc, delay)
                 self.metrics[m.RETRIES] += 1
                 await self.backoff(delay)
-                delay = min(delay * 2, 30.0)
 
     async def backoff(self, delay: float) -> None:
         """Sleep before a retry; `wake_retries` cuts it short."""
@@ -96,7 +108,7 @@ class AsyncStore:
             return list(it)
 
         self.metrics[m.LISTS] += 1
-        return await self.call(collect)
+        return await self.call(collect, what=f"list {prefix}")  # (listed again whole)
 
     async def get_whole(self, key: str, keep: Callable[[bytes], bool]
                         ) -> tuple[ObjectInfo, bool] | None:
@@ -107,7 +119,7 @@ class AsyncStore:
             return None if got is None else (got[0], keep(got[1]))
 
         self.metrics[m.GETS] += 1
-        got = await self.call(fetch)  # a lookup: fails as fast as a HEAD
+        got = await self.call(fetch, what=f"get {key}")  # a lookup: fails as fast as a HEAD
         if got is not None:
             self.metrics[m.BYTES_DOWNLOADED] += got[0].size
         return got

@@ -29,10 +29,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from lakefs_mount.logsetup import LOG_MAX_BYTES, rotate_log
-from lakefs_mount.objectstore import ObjectStoreError
+from lakefs_mount.s3.objectstore import ObjectStoreError
 
 if TYPE_CHECKING:
-    from lakefs_mount.s3store import S3ObjectStore
+    from lakefs_mount.s3.store import S3ObjectStore
 
 __all__ = ["EmbeddedS3", "EmbeddedS3Error", "find_weed", "free_port"]
 
@@ -227,7 +227,7 @@ class EmbeddedS3:
 
         Imported lazily: s3store pulls in boto3, which `--help` should not pay for.
         """
-        from lakefs_mount.s3store import S3ObjectStore
+        from lakefs_mount.s3.store import S3ObjectStore
 
         return S3ObjectStore(
             bucket, endpoint_url=self.endpoint_url, region="us-east-1", max_pool=max_pool,

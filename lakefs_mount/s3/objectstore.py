@@ -1,6 +1,6 @@
 """The narrow object-store interface: everything lakefs-mount asks of S3.
 
-`lakefs_mount.s3store` implements it with boto3 (the only module that knows boto3);
+`lakefs_mount.s3.store` implements it with boto3 (the only module that knows boto3);
 `lakefs_mount.memstore` implements it in memory for fast unit tests of the core.
 Methods are synchronous: the daemon calls them from worker threads behind a limiter.
 Keys are full keys inside the bucket (the mount prefix already applied).
@@ -23,7 +23,12 @@ def key_fits(key: str) -> bool:
 
 
 class ObjectStoreError(Exception):
-    """An S3 call failed; `str()` is a message fit for the user."""
+    """An S3 call failed; `str()` is a message fit for the user. `transient`: another
+    attempt may succeed (throttling, a 5xx, a connection failure; see s3/retry)."""
+
+    transient = False
+    code = ""  # S3's error code, where S3 answered (e.g. "SlowDown")
+    status: int | None = None  # the HTTP status of that answer
 
 
 class NoSuchBucket(ObjectStoreError):

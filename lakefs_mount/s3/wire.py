@@ -1,12 +1,12 @@
 """S3 requests on the wire: SigV4 signatures and a pool of kept-alive HTTP/1.1 connections.
 
-Why not botocore's HTTP session: a 100 KiB GET sent through botocore's `AWSRequest`,
-`S3SigV4Auth` and urllib3 costs ~0.68 ms of CPU here, the same request signed here
-and sent on an `http.client` connection ~0.26 ms. The daemon runs its GETs, HEADs,
-small PUTs and listing pages under one GIL, so that difference is ~0.4 ms of every
-small file read or written. Multipart part bodies go out in the pieces the cache reads
-them in (`PiecewiseBody`): 0.27 CPU s per GiB against 0.70 through botocore. This module
-knows HTTP and SigV4, nothing of botocore: `s3store` hands it the endpoint, the
+Why not botocore's HTTP session: the same request costs well under half the CPU signed
+here and sent on an `http.client` connection, and the daemon runs its GETs, HEADs, small
+PUTs and listing pages under one GIL, so the difference is paid by every small file read
+or written. Multipart part bodies go out in the pieces the cache reads them in
+(`PiecewiseBody`) instead of botocore's 16 KiB slices of a copy (benchmarks/README.md,
+"Figures behind the design"). This module
+knows HTTP and SigV4, nothing of botocore: `store` hands it the endpoint, the
 credentials and the TLS settings it resolved.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import quote, urlsplit
 
-from lakefs_mount.objectstore import PiecewiseBody
+from lakefs_mount.s3.objectstore import PiecewiseBody
 
 __all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
            "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",

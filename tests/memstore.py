@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from lakefs_mount.objectstore import (
+from lakefs_mount.s3.objectstore import (
     Listing,
     NoSuchKey,
     NoSuchUpload,

@@ -1,0 +1,44 @@
+"""What the cache asks of the flusher, in one object made before both of them.
+
+The cache hands over full chunks to upload while writing goes on (`chunk_full`), asks for
+every full chunk at once when it runs out of room (`pressure`), and asks whether uploads
+under way will free any (`busy`). The cache makes it; the flusher keeps its queues here and
+wakes on `wake`. Neither side is patched into the other after construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile, ChunkState
+from lakefs_mount.s3.layout import PartMap
+
+
+class UploadDemand:
+    def __init__(self, parts: PartMap, files: Mapping[int, CachedFile]) -> None:
+        self._chunks = parts
+        self._files = files  # every file with a cache file
+        self.parts: set[tuple[CachedFile, int]] = set()  # full chunks to upload now
+        self.committing: set[CachedFile] = set()
+        self.commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
+        self.in_flight = 0  # part uploads under way
+        self.wake = trio.Event()
+
+    def chunk_full(self, cf: CachedFile, idx: int) -> None:
+        """A full chunk of a file still being written: upload it now."""
+        self.parts.add((cf, idx))
+        self.wake.set()
+
+    def pressure(self) -> None:
+        """The cache is short of room: every full dirty chunk goes up now."""
+        for cf in list(self._files.values()):
+            for idx, ch in cf.chunks.items():
+                if ch.state is ChunkState.DIRTY and self._chunks.chunk_range(idx)[1] <= cf.size:
+                    self.parts.add((cf, idx))
+        self.wake.set()
+
+    def busy(self) -> bool:
+        """True while uploads or commits are under way or queued: data will drain."""
+        return bool(self.in_flight or self.parts or self.committing or self.commit_wanted)

@@ -1,0 +1,210 @@
+"""Bytes of committed objects into the cache: fetches, shared fetches, readahead.
+
+A chunk a reader waits for is fetched into the page cache and stays "fresh" there until a
+read reaches its end (or FRESH_FOR seconds pass); then it is written back to disk, dropped
+from the page cache, and only then noted in the journal for the next mount (`_settle`).
+Reading each chunk back from the cache disk while the disk wrote the next ones slowed cold
+restores measurably (benchmarks/README.md, "fresh chunks").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefiles import CacheFiles
+from lakefs_mount.cache.chunkbook import ChunkBook
+from lakefs_mount.cache.direct import BUFFER_SIZE, write_back
+from lakefs_mount.cache.diskroom import DiskRoom
+from lakefs_mount.cache.journal import AsyncJournal
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.objectstore import ObjectInfo
+from lakefs_mount.uring import write_on_this_thread
+
+log = logging.getLogger(__name__)
+
+FRESH_FOR = 5.0  # seconds a fetched chunk may stay in the page cache with no reader past it
+SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
+
+
+class Fetcher:
+    def __init__(self, book: ChunkBook, files: CacheFiles, room: DiskRoom,
+                 journal: AsyncJournal, store: AsyncStore, read_ahead: int) -> None:
+        self.book = book
+        self.parts = book.parts
+        self.files = files
+        self.room = room
+        self.journal = journal
+        self.store = store
+        self.read_ahead = read_ahead
+        self._fetch_slots = trio.Semaphore(2 * read_ahead + 8)  # GETs in flight (1 MiB each)
+        self._settle_slots = trio.CapacityLimiter(SETTLE_THREADS)
+        self._settling = 0
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, every: float,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Owns readahead and write-back of fetched chunks; every `every` seconds the fresh
+        chunks nobody read to their end within FRESH_FOR seconds are written back."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(every)
+                stale = trio.current_time() - FRESH_FOR
+                for ref in [r for r, (_, _, at) in self.book.fresh.items() if at < stale]:
+                    self.settle_soon(*ref)
+
+    async def settle_all(self) -> None:
+        """Before unmounting: every fetched chunk still only in the page cache goes to disk
+        and into the journal, so that the next mount reuses it."""
+        for ref in list(self.book.fresh):
+            self.settle_soon(*ref)
+        while self._settling:
+            await trio.sleep(0.01)
+
+    def base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
+        """The part of chunk `idx` that the committed object holds (empty if none)."""
+        start, end = self.parts.chunk_range(idx)
+        if cf.base_key is None:
+            return start, start
+        return start, max(start, min(end, cf.base_size))
+
+    @contextmanager
+    def fetching(self, cf: CachedFile, idx: int) -> Iterator[None]:
+        """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
+        done = cf.fetching[idx] = trio.Event()
+        try:
+            yield
+        finally:
+            del cf.fetching[idx]
+            done.set()
+
+    async def ensure_chunk(self, cf: CachedFile, idx: int, written_back: bool = False) -> None:
+        """Make chunk `idx` readable from the cache file, fetching it from S3 if needed.
+
+        A chunk of BUFFER_SIZE or more stays fresh in the page cache (see the module);
+        with `written_back` (a warm-up: nobody waits) it is written back at once, before
+        it counts as cached."""
+        while True:
+            if idx in cf.chunks:
+                return
+            waiting = cf.fetching.get(idx)
+            if waiting is None:
+                break
+            await waiting.wait()  # a concurrent reader fetches it; share its GET
+        start, end = self.base_span(cf, idx)
+        if end <= start:
+            self.book.new_chunk(cf, idx)  # a hole: zeros in the sparse file
+            return
+        with self.fetching(cf, idx):
+            assert cf.base_key is not None
+            async with self._fetch_slots, self.files.io(cf) as fd:
+                def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
+                    write_on_this_thread(fd, piece, offset)
+
+                await self.store.get_range_into(cf.base_key, start, end, write_piece)
+                if written_back:  # (fetched: kept even if the warm-up is being stopped)
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(write_back, fd, start, end)
+            ch = self.book.new_chunk(cf, idx)
+            if end - start >= BUFFER_SIZE and not written_back:
+                self.book.fresh[(cf, idx)] = (ch, cf.base_etag, trio.current_time())
+                return
+            self._note_fetched(cf, idx)
+            ch.direct = written_back and self.files.fds.can_direct  # (O_DIRECT reads see it)
+
+    def read_ahead_of(self, cf: CachedFile, last: int) -> None:
+        """A sequential reader: fetch the next chunks in parallel before it asks."""
+        if self._nursery is None or cf.base_key is None:
+            return
+        stop = min(last + 1 + self.read_ahead, self.parts.chunk_count(cf.base_size))
+        for idx in range(last + 1, stop):
+            if idx not in cf.chunks and idx not in cf.fetching:
+                self._nursery.start_soon(self._prefetch, cf, idx)
+
+    async def _prefetch(self, cf: CachedFile, idx: int) -> None:
+        try:
+            await self.ensure_chunk(cf, idx)
+        except Exception as exc:  # the reader itself will fetch (and report) it
+            log.debug("readahead of %s chunk %d failed: %s", cf.key, idx, exc)
+
+    def _note_fetched(self, cf: CachedFile, idx: int) -> None:
+        """Chunk `idx` holds the committed object's bytes: the next mount may reuse it."""
+        if cf.base_key is not None and cf.base_etag is not None and cf.fid is not None:
+            self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag, cf.base_size,
+                                          [idx])
+
+    def settle_soon(self, cf: CachedFile, idx: int) -> None:
+        entry = self.book.fresh.pop((cf, idx), None)
+        if entry is not None and self._nursery is not None:
+            self._settling += 1
+            self._nursery.start_soon(self._settle, cf, idx, entry[0], entry[1])
+
+    async def _settle(self, cf: CachedFile, idx: int, ch: Chunk, etag: str | None) -> None:
+        """A fresh chunk goes to disk and out of the page cache, then into the journal and
+        to O_DIRECT reads, unless it changed meanwhile (written, evicted, or a new version
+        in S3): then the journal does not note it."""
+        try:
+            if cf.chunks.get(idx) is not ch:  # evicted, or its file removed, meanwhile
+                return
+            with trio.CancelScope(shield=True):  # (an unmount waits for it)
+                start, end = self.base_span(cf, idx)
+                async with self.files.io(cf) as fd:
+                    await trio.to_thread.run_sync(write_back, fd, start, end,
+                                                  limiter=self._settle_slots)
+        except OSError as exc:  # stays readable from the page cache, not reused after this mount
+            log.warning("writing chunk %d of %s back to the cache disk: %s", idx, cf.key, exc)
+            return
+        finally:
+            self._settling -= 1
+        if cf.chunks.get(idx) is ch and ch.state is ChunkState.CLEAN and etag == cf.base_etag:
+            self._note_fetched(cf, idx)
+            ch.direct = self.files.fds.can_direct
+
+    async def fetch_chunk(self, cf: CachedFile, idx: int) -> int:
+        """Cache chunk `idx` of `cf` ahead of any reader (a warm-up); returns the bytes
+        fetched from S3 for it (0 if it was cached). Nobody waits for a page of it, so
+        it is written back as a whole (faster here than in O_DIRECT pieces)."""
+        fetched = 0
+        if idx not in cf.chunks:
+            waited = idx in cf.fetching  # a reader's GET: that one counts it
+            start, end = self.base_span(cf, idx)
+            await self.room.ensure(end - start)  # evicts clean data of others
+            await self.ensure_chunk(cf, idx, written_back=True)
+            fetched = 0 if waited else end - start
+        self.book.budget.touch((cf, idx))
+        return fetched
+
+    async def fetch_small_object(self, cf: CachedFile) -> ObjectInfo | None:
+        """GET a small object whole at lookup (its open usually follows), for its metadata
+        and its bytes: they go into the cache file as chunk 0 from the GET's own thread,
+        so the read that follows sends no GET and the loop never handles the bytes."""
+        expected = cf.base_size
+        if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
+                or not 0 < expected <= self.parts.chunk_range(0)[1]):
+            return await self.store.head(cf.key)
+        with self.fetching(cf, 0):  # writers of chunk 0 wait, as for any fetch
+            async with self._fetch_slots, self.files.io(cf) as fd:
+                def keep(body: bytes) -> bool:  # in the GET's thread
+                    if len(body) != expected:
+                        return False  # changed in S3: the read fetches what it needs
+                    try:
+                        write_on_this_thread(fd, body, 0)
+                    except OSError as exc:  # e.g. a full cache disk: the read fetches it
+                        log.debug("not caching %s at lookup: %s", cf.key, exc)
+                        return False
+                    return True
+
+                got = await self.store.get_whole(cf.key, keep)
+            if got is None:
+                return None
+            info, kept = got
+            if kept and info.etag == cf.base_etag and not cf.pending and cf.fid is not None:
+                self.journal.note_clean_later(cf.fid, cf.base_key, info.etag, expected, [0])
+                self.book.new_chunk(cf, 0)
+            return info

@@ -1,0 +1,270 @@
+"""Writes into the cache, and the journal records that make them safe to acknowledge.
+
+Intent before write: a chunk is journalled dirty (`mark_dirty`) before bytes in it are
+acknowledged, and a partial write into a chunk of a committed object first fills the chunk
+from S3. A chunk left behind by a sequential writer goes to the flusher at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import trio
+
+from lakefs_mount.cache.cachefile import DIRTY_STATES, CachedFile, ChunkState
+from lakefs_mount.cache.cachefiles import CacheFiles
+from lakefs_mount.cache.chunkbook import ChunkBook
+from lakefs_mount.cache.demand import UploadDemand
+from lakefs_mount.cache.direct import BUFFER_SIZE, DIRECT_WRITE_MIN, AlignedBuffers, split_aligned
+from lakefs_mount.cache.diskroom import DiskRoom
+from lakefs_mount.cache.fetcher import Fetcher
+from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.uring import IoEngine
+
+
+class Writer:
+    def __init__(self, book: ChunkBook, files: CacheFiles, fetcher: Fetcher, room: DiskRoom,
+                 journal: AsyncJournal, demand: UploadDemand, engine: IoEngine,
+                 buffers: AlignedBuffers) -> None:
+        self.book = book
+        self.parts = book.parts
+        self.files = files
+        self.fetcher = fetcher
+        self.room = room
+        self.journal = journal
+        self.demand = demand
+        self.engine = engine
+        self._buffers = buffers
+
+    # -- the file's journal row ---------------------------------------------------------
+
+    def pending_record(self, cf: CachedFile) -> PendingFile:
+        """The journal row of `cf`, as a new intent (its generation bumped)."""
+        assert cf.fid is not None
+        cf.intent_gen += 1
+        return PendingFile(intent_gen=cf.intent_gen,
+            fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
+            mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
+            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink, rdev=cf.rdev,
+            passthrough=1 if cf.pt_writers else 0)
+
+    async def _ensure_journalled(self, cf: CachedFile) -> None:
+        """Give the file its row in the journal before any chunk of it is dirty."""
+        if cf.in_journal or cf.unlinked:  # an unlinked file's bytes never go to S3
+            return
+        await self.files.ensure_fd(cf)
+        assert cf.fid is not None
+        cf.in_journal = True
+        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
+
+    async def new_file(self, cf: CachedFile) -> None:
+        """A file created through the mount: pending until its first commit.
+
+        A regular file's first chunk is journalled dirty with its row, in one transaction:
+        its bytes can only come from the cache file anyway, and its first write then needs
+        no journal round trip of its own (small files: one per file less).
+        """
+        if cf.symlink is not None:
+            await self._ensure_journalled(cf)
+            return
+        await self.files.ensure_fd(cf)
+        cf.in_journal = True  # the intent writes the file's row
+        await self.mark_dirty(cf, [0], None)
+
+    async def save_attrs(self, cf: CachedFile) -> None:
+        """Attributes or size changed: the next commit writes them."""
+        cf.version += 1
+        if cf.unlinked:
+            return
+        await self.files.ensure_fd(cf)
+        cf.in_journal = True
+        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
+
+    # -- writing ------------------------------------------------------------------------
+
+    async def write(self, cf: CachedFile, offset: int, data: bytes | memoryview) -> int:
+        end = offset + len(data)
+        if end <= offset:
+            return 0
+        touched = self.parts.chunks_between(offset, end)
+        with self.book.pinned(cf, touched):
+            return await self._write_pinned(cf, offset, end, data, touched)
+
+    async def _write_pinned(self, cf: CachedFile, offset: int, end: int,
+                            data: bytes | memoryview, touched: range) -> int:
+        for idx in touched:
+            while idx in cf.fetching:  # a fetch or an eviction of this chunk is under way
+                await cf.fetching[idx].wait()
+            if idx not in cf.chunks:
+                bstart, bend = self.fetcher.base_span(cf, idx)
+                if bend > bstart and not (offset <= bstart and end >= bend):
+                    await self.fetcher.ensure_chunk(cf, idx)  # keep the bytes the write leaves
+        grows_from = cf.size if end > cf.size else None
+        await self.mark_dirty(cf, list(touched), grows_from)
+        await self._write_room_permitting(cf, data, offset)
+        for idx in touched:
+            cf.chunks[idx].gen += 1
+        if end > cf.size:
+            cf.size = end
+            self.book.grow_held(cf, touched)
+        cf.version += 1
+        first = touched[0]
+        if first > 0:
+            prev = cf.chunks.get(first - 1)
+            if prev is not None and prev.state is ChunkState.DIRTY:
+                self.demand.chunk_full(cf, first - 1)
+        return len(data)
+
+    async def _write_room_permitting(self, cf: CachedFile, data: bytes | memoryview,
+                                     offset: int) -> None:
+        """A full cache disk: evict clean data, then wait for uploads; ENOSPC only after that.
+
+        The chunk is journalled dirty already; a failed write leaves its old bytes (fetched
+        before) or zeros in the cache file, which is what a short write promises anyway.
+        """
+        async def attempt() -> int:
+            try:
+                await self._write_cache_file(cf, data, offset)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                return 2 * len(data) + self.parts.part_size
+            return 0
+
+        await self.room.patiently(attempt, f"writing {cf.key}")
+
+    async def _write_cache_file(self, cf: CachedFile, data: bytes | memoryview,
+                                offset: int) -> None:
+        """Write into the cache file: the whole pages of a write of DIRECT_WRITE_MIN up to
+        BUFFER_SIZE with O_DIRECT (copied into an aligned buffer), which also marks its
+        chunks for O_DIRECT reads; the rest, and smaller or larger writes, buffered."""
+        view = memoryview(data).cast("B")
+        head, body = split_aligned(offset, len(view))
+        direct = DIRECT_WRITE_MIN <= body and len(view) <= BUFFER_SIZE
+        async with self.files.io(cf, direct) as fd:
+            dfd = self.files.dfd(cf) if direct else None
+            if dfd is None:
+                await self.engine.write(fd, view, offset)
+                for idx in self.parts.chunks_between(offset, offset + len(view)):
+                    cf.chunks[idx].direct = False
+                return
+            if head:
+                await self.engine.write(fd, view[:head], offset)
+            buf = self._buffers.take()
+            with memoryview(buf) as aligned_view:  # kept from the pool if the write fails
+                aligned_view[:body] = view[head:head + body]
+                try:
+                    await self.engine.write(dfd, aligned_view[:body], offset + head)
+                except OSError as exc:
+                    self.files.give_up_direct(exc)
+                    await self.engine.write(fd, view[head:head + body], offset + head)
+            self._buffers.give_back(buf)
+            if head + body < len(view):
+                await self.engine.write(fd, view[head + body:], offset + head + body)
+            for idx in self.parts.chunks_between(offset, offset + len(view)):
+                cf.chunks[idx].direct = True
+
+    async def truncate(self, cf: CachedFile, size: int) -> None:
+        old = cf.size
+        if size == old:
+            return
+        if size < old:
+            if size > 0:
+                last = self.parts.chunk_of(size - 1)
+                with self.book.pinned(cf, [last]):
+                    await self.fetcher.ensure_chunk(cf, last)
+                    await self.mark_dirty(cf, [last], None)
+            first_gone = self.parts.chunk_count(size)
+            for idx in [i for i in cf.chunks if i >= first_gone]:
+                self.book.remove_chunk(cf, idx)
+            if cf.in_journal:
+                assert cf.fid is not None
+                await self.journal(self.journal.sync.drop_chunks_from, cf.fid, first_gone)
+            fd = await self.files.ensure_fd(cf)
+            os.ftruncate(fd, size)  # metadata-only; never blocks on data
+        else:
+            await self.mark_dirty(cf, [], old)
+            fd = await self.files.ensure_fd(cf)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
+        cf.size = size
+        if size > old:
+            self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
+        await self.save_attrs(cf)
+
+    # -- what passthrough writers wrote -------------------------------------------------
+
+    async def take_over_written(self, cf: CachedFile, size: int,
+                                keep: frozenset[int] = frozenset()) -> None:
+        """The kernel wrote the cache file directly (FUSE passthrough) and it is now `size`
+        bytes long: every chunk but those in `keep` (uploaded parts that still hold what the
+        file holds) is dirty, journalled in one transaction, which also records whether
+        passthrough writers remain."""
+        count = self.parts.chunk_count(size)
+        for idx in [i for i in cf.chunks if i >= count]:
+            self.book.remove_chunk(cf, idx)
+        cf.size = size
+        indices = [i for i in range(count) if i not in keep]
+        await self.files.ensure_fd(cf)
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), indices)
+        cf.in_journal = True
+        for idx in indices:
+            ch = self.book.new_chunk(cf, idx)
+            ch.gen += 1  # an upload of it in flight no longer counts
+            ch.direct = False  # in the page cache: read it back buffered
+            if ch.state is not ChunkState.DIRTY:
+                self.book.set_state(cf, ch, idx, ChunkState.DIRTY)
+        self.book.grow_held(cf, range(count))
+        cf.version += 1
+        cf.page_cache_etag = None  # the FUSE page cache of the file may be stale
+
+    async def stream_written(self, cf: CachedFile, indices: list[int]) -> None:
+        """Chunks a passthrough writer has left behind: dirty (journalled first), and to
+        the flusher now, while the writer goes on."""
+        await self.mark_dirty(cf, indices, None)
+        for idx in indices:
+            ch = cf.chunks[idx]
+            ch.direct = False  # in the page cache: read it back buffered
+            self.demand.chunk_full(cf, idx)
+
+    # -- intent before write ------------------------------------------------------------
+
+    async def mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None) -> None:
+        """Journal the chunks as dirty before the write that touches them is acknowledged."""
+        if grows_from is not None and grows_from > 0:
+            # Bytes past the old end were a hole; the old last chunk's part must grow too.
+            tail = self.parts.chunk_of(grows_from - 1)
+            if self.parts.chunk_range(tail)[1] > grows_from and tail not in indices:
+                with self.book.pinned(cf, [tail]):
+                    await self.fetcher.ensure_chunk(cf, tail)
+                    await self.mark_dirty(cf, [tail], None)
+        for idx in indices:
+            pending = cf.intent_pending.get(idx)
+            if pending is not None:
+                await pending.wait()
+        need = [i for i in indices
+                if cf.state(i) not in (ChunkState.DIRTY, ChunkState.UPLOADING)]
+        if not need:
+            return
+        needed = sum(self.book.chunk_bytes(i) for i in need)
+        await self.book.wait_for_dirty_room(needed)
+        await self.room.ensure(needed)
+        await self._ensure_journalled(cf)
+        done = trio.Event()
+        for idx in need:
+            cf.intent_pending[idx] = done
+        try:
+            assert cf.fid is not None
+            if not cf.unlinked:
+                await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), need)
+                cf.in_journal = True
+            for idx in need:
+                ch = self.book.new_chunk(cf, idx)
+                if ch.state not in DIRTY_STATES:
+                    self.book.set_state(cf, ch, idx, ChunkState.DIRTY)
+        finally:
+            for idx in need:
+                cf.intent_pending.pop(idx, None)
+            done.set()
