@@ -34,9 +34,12 @@ from benchmarks.targets import (
     LakefsTarget,
     RcloneTarget,
     Target,
+    create_warm_bucket,
+    delete_bucket,
     ensure_tool,
     proc_cpu_seconds,
     proc_peak_rss,
+    start_embedded_s3,
     tool_version,
     use_bench_credentials,
 )
@@ -103,23 +106,10 @@ class Suite:
     def new_bucket(self, tag: str) -> str:
         self._bucket_no += 1
         name = f"bench-{tag}-{self._bucket_no}-{random.randrange(1 << 24):06x}"
-        self.client.create_bucket(Bucket=name)
-        # SeaweedFS grows the bucket's first volume on its first write (seconds): do that
-        # outside the timed sections, for baselines and mounts alike
-        self.client.put_object(Bucket=name, Key=".warmup", Body=b"x")
-        self.client.delete_object(Bucket=name, Key=".warmup")
-        return name
+        return create_warm_bucket(self.client, name)
 
     def delete_bucket(self, bucket: str) -> None:
-        """Delete a bucket and its objects (SeaweedFS frees the space with the collection)."""
-        with contextlib.suppress(Exception):
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=bucket):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                for i in range(0, len(keys), 1000):
-                    self.client.delete_objects(Bucket=bucket,
-                                               Delete={"Objects": keys[i:i + 1000]})
-            self.client.delete_bucket(Bucket=bucket)
+        delete_bucket(self.client, bucket)
 
     def s3_client(self, pool: int):  # noqa: ANN201
         import boto3
@@ -650,8 +640,6 @@ class Suite:
         return makers
 
     def run(self) -> dict[str, Any]:
-        from lakefs_mount.s3.embedded import EmbeddedS3
-
         a = self.args
         started = time.monotonic()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -669,7 +657,7 @@ class Suite:
         self.log(f"peers: {self.peers}")
         pipe_max_size = self.tune_pipe_max_size()
         try:
-            self.s3 = EmbeddedS3(self.work / "seaweedfs").start(timeout=120)
+            self.s3 = start_embedded_s3(self.work / "seaweedfs")
             self.client = self.s3_client(64)
             try:
                 self._workloads()

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from lakefs_mount.mountpoint import is_mounted
-from lakefs_mount.s3.embedded import free_port
+from lakefs_mount.s3.embedded import EmbeddedS3, free_port
 
 HERE = Path(__file__).resolve().parent
 CLI = str(Path(sys.executable).parent / "lakefs-mount")
@@ -36,6 +37,31 @@ def use_bench_credentials() -> None:
                       AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
     for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
         os.environ.pop(k, None)
+
+
+def start_embedded_s3(state_dir: Path, timeout: float = 120) -> EmbeddedS3:
+    """The benchmarks' SeaweedFS on 127.0.0.1 (the one place that knows where it lives)."""
+    return EmbeddedS3(state_dir).start(timeout=timeout)
+
+
+def create_warm_bucket(client: Any, name: str) -> str:
+    """Create bucket `name`. SeaweedFS grows a bucket's first volume on its first write
+    (seconds): do that here, outside the timed sections, for baselines and mounts alike."""
+    client.create_bucket(Bucket=name)
+    client.put_object(Bucket=name, Key=".warmup", Body=b"x")
+    client.delete_object(Bucket=name, Key=".warmup")
+    return name
+
+
+def delete_bucket(client: Any, bucket: str) -> None:
+    """Delete a bucket and its objects (SeaweedFS frees the space with the collection)."""
+    with contextlib.suppress(Exception):
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            for i in range(0, len(keys), 1000):
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys[i:i + 1000]})
+        client.delete_bucket(Bucket=bucket)
 
 
 def _run(cmd: list[str], timeout: float = 600, check: bool = True,
@@ -88,6 +114,25 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+def abort_fuse_connection(mountpoint: Path) -> bool:
+    """Abort the FUSE connection of `mountpoint` through fusectl (when it is mounted): the
+    way out of a daemon and its callers that wait on each other in the kernel (a daemon in
+    an uninterruptible wait does not die of SIGKILL). True if it was aborted."""
+    want = str(mountpoint)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == want and "fuse" in line.split(" - ", 1)[1].split()[0]:
+                abort = FUSECTL / fields[2].split(":")[1] / "abort"
+                if abort.exists():
+                    abort.write_text("1\n")
+                    return True
+    return False
 
 
 def _find_daemon(exe_name: str, mountpoint: Path) -> int | None:

@@ -1,0 +1,499 @@
+"""The user's own workload: checkpoint saves and restores as a training job does them.
+
+`python -m benchmarks checkpoint [--quick]` (see benchmarks/README.md). Workloads, each
+with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 128 MiB with --quick):
+
+- torch.save by 1 rank, and by 4 rank processes at once (one file each);
+- torch.distributed.checkpoint save, FileSystemWriter thread_count 4, world size 1 and 4
+  (gloo, local processes);
+- safetensors save_file;
+- restores of the 1-rank checkpoints: torch.load, safetensors safe_open and DCP load cold
+  (a fresh mount over an empty cache, page cache dropped); torch.load warm (in the mount's
+  cache, page cache dropped) and torch.load(mmap=True) with every page touched.
+
+Systems, all in every round, order reversed every other round: a local directory on the
+cache's disk, lakefs-mount per FUSE session, s3torchconnector (S3Checkpoint, DCP
+S3StorageWriter/Reader) straight to the same SeaweedFS, and a raw boto3 upload_file of the
+local checkpoint as the reference of time to durable.
+
+Per point: stall = the save call's wall time (4 ranks: the slowest rank); durable = stall
++ `lakefs-mount flush` (s3torchconnector: the save call; it returns once in S3); restore
+= the load's wall time. Ratios are the medians of per-round ratios: stall / local, durable
+/ raw upload, cold restore / s3torchconnector, warm and mmap / local. Every checkpoint is
+loaded back and compared tensor by tensor; a mismatch makes the run exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import ckpt_report
+from benchmarks.ckpt_ranks import DataError, serve
+from benchmarks.suite import machine, s3_config
+from benchmarks.targets import (
+    LakefsTarget,
+    abort_fuse_connection,
+    create_warm_bucket,
+    delete_bucket,
+    free_port,
+    proc_cpu_seconds,
+    start_embedded_s3,
+    use_bench_credentials,
+)
+
+MiB = 1 << 20
+HERE = Path(__file__).resolve().parent
+RAW_PART = 16 * MiB
+RAW_CONCURRENCY = 16  # requests in flight in total for the raw upload
+# workload -> (format, ranks, world size of the save); the 1-rank ones are restored
+SAVES: dict[str, tuple[str, int, int]] = {
+    "torch_save_1": ("torch", 1, 1),
+    "torch_save_4": ("torch", 4, 1),
+    "safetensors_save_1": ("safetensors", 1, 1),
+    "dcp_save_1": ("dcp", 1, 1),
+    "dcp_save_4": ("dcp", 4, 4),
+}
+# restore -> (format of the 1-rank checkpoint read, load mode, systems it applies to)
+RESTORES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "torch_load_cold": ("torch", "", ("local", "mount", "s3tc")),
+    "safetensors_load_cold": ("safetensors", "", ("local", "mount", "s3tc")),
+    "dcp_load_cold": ("dcp", "", ("local", "mount", "s3tc")),
+    "torch_load_warm": ("torch", "warm", ("mount",)),
+    "torch_load_mmap": ("torch", "mmap", ("local", "mount")),
+}
+SINGLE = ("torch_save_1", "safetensors_save_1", "dcp_save_1")  # phase with the restores
+EXT = {"torch": ".pt", "safetensors": ".safetensors", "dcp": ""}
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+class PointHung(RuntimeError):
+    """A rank did not answer within the point's time limit."""
+
+
+class RankPool:
+    """Rank processes, each holding its state dict, driven over pipes."""
+
+    def __init__(self, ranks: int, mib: int, endpoint: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        for rank in range(ranks):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=serve, args=(child, rank, mib, endpoint), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self.state_bytes = self._replies(range(ranks))
+        self.group = 0
+
+    def _replies(self, ranks: range, timeout: float | None = None) -> list[Any]:
+        deadline = time.monotonic() + timeout if timeout else None
+        out = []
+        for rank in ranks:
+            if deadline and not self.conns[rank].poll(max(0.0, deadline - time.monotonic())):
+                raise PointHung(f"rank {rank} did not answer within {timeout:.1f} s")
+            kind, value = self.conns[rank].recv()
+            if kind == "data":
+                raise DataError(value)
+            if kind != "ok":
+                raise RuntimeError(f"rank {rank}: {value}")
+            out.append(value)
+        return out
+
+    def call(self, op: str, per_rank: list[dict[str, Any]],
+             timeout: float | None = None) -> list[Any]:
+        """Send op to ranks 0..len(per_rank)-1 at once, then wait for all of them."""
+        for rank, kwargs in enumerate(per_rank):
+            self.conns[rank].send((op, kwargs))
+        return self._replies(range(len(per_rank)), timeout)
+
+    def ensure_group(self, world: int) -> None:
+        if self.group != world:
+            port = free_port()
+            self.call("init_group", [{"world": world, "port": port}] * world)
+            self.group = world
+
+    def close(self, wait: float = 10) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(wait)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(wait)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.workdir)
+        self.saves = [w for w in SAVES if SAVES[w][1] <= args.ranks]
+        self.server: Any = None
+        self.client: Any = None
+        self.pool: RankPool | None = None
+        self.mounts: dict[str, LakefsTarget] = {}
+        self.s3tc = False
+        self.bucket = ""
+        self.rows: dict[str, dict[str, list[dict[str, float] | None]]] = {}
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+        self.checked = 0
+        self.commit = git_commit()  # of the code that runs, not of a later commit
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    # ------------------------------------------------------------------ set-up
+
+    def start(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        self.server = start_embedded_s3(self.work / "seaweedfs")
+        import boto3
+
+        self.client = boto3.client("s3", endpoint_url=self.server.endpoint_url,
+                                   region_name="us-east-1", config=s3_config(64))
+        self.s3tc = self.s3tc_usable()
+        self.log(f"SeaweedFS at {self.server.endpoint_url}; building {self.args.ranks} "
+                 f"rank(s) of {self.args.mib} MiB")
+        self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
+        self.log("ranks ready")
+        for session in self.args.sessions:
+            self.mounts[session] = LakefsTarget(self.work / session, self.server.endpoint_url,
+                                                "", "auto", ("--part-size", "16M"),
+                                                session=session)
+
+    def s3tc_usable(self) -> bool:
+        if self.args.no_s3tc:
+            self.notes.append("s3torchconnector: skipped (--no-s3tc)")
+            return False
+        try:
+            import s3torchconnector  # noqa: F401
+            import s3torchconnector.dcp  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure: skip, say why
+            self.notes.append(f"s3torchconnector: skipped, not importable ({exc}); "
+                              "`pip install 's3torchconnector[dcp]'`")
+            return False
+        from importlib.metadata import version
+
+        self.notes.append(f"s3torchconnector {version('s3torchconnector')}")
+        return True
+
+    def kill_mounts(self) -> None:
+        for target in self.mounts.values():
+            if not abort_fuse_connection(target.path) and target.pid is not None:
+                self.notes.append(f"{target.path}: FUSE connection not aborted "
+                                  f"(fusectl not mounted at /sys/fs/fuse/connections)")
+            target.kill()
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        self.kill_mounts()
+        if self.server is not None:
+            self.server.stop(timeout=5)
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def systems(self, r: int) -> list[str]:
+        order = ["local", *self.mounts, *(["s3tc"] if self.s3tc else [])]
+        return order[::-1] if r % 2 else order
+
+    # ------------------------------------------------------------------ phases
+
+    def open_phase(self, tag: str, r: int) -> None:
+        """A fresh bucket and fresh mounts of it (SeaweedFS frees space per bucket)."""
+        self.bucket = create_warm_bucket(self.client, f"ckpt-{tag}-{r}-{uuid.uuid4().hex[:6]}")
+        for target in self.mounts.values():
+            target.bucket = self.bucket
+            target.start()
+        self.log(f"bucket {self.bucket} mounted")
+
+    def close_phase(self) -> None:
+        for target in self.mounts.values():
+            target.stop()
+            shutil.rmtree(target.cache_dir, ignore_errors=True)
+        shutil.rmtree(self.work / "local", ignore_errors=True)
+        delete_bucket(self.client, self.bucket)
+
+    def remount_cold(self, target: LakefsTarget) -> bool:
+        target.stop()
+        shutil.rmtree(target.cache_dir, ignore_errors=True)
+        target.start()
+        return True
+
+    def place(self, system: str, workload: str, rank: int, r: int) -> str:
+        fmt = SAVES.get(workload, ("",))[0]
+        rel = f"r{r}/{workload}/rank{rank}{EXT.get(fmt, '')}"
+        if fmt == "dcp":
+            rel = f"r{r}/{workload}"
+        if system == "s3tc":
+            return f"s3://{self.bucket}/s3tc/{rel}"
+        if system == "local":
+            return str(self.work / "local" / rel)
+        return str(self.mounts[system].path / rel)
+
+    def record(self, workload: str, system: str, r: int, row: dict[str, float] | None) -> None:
+        runs = self.rows.setdefault(workload, {}).setdefault(system, [])
+        runs.extend([None] * (r + 1 - len(runs)))
+        runs[r] = row
+
+    def time_limit(self, ranks: int) -> float:
+        """How long the ranks may take for one save or load of `ranks` states: a point
+        that takes longer is reported as hung (the run goes on without it)."""
+        return self.args.point_timeout + 120 * ranks * self.args.mib / 1024
+
+    def recover(self) -> None:
+        """After a hung point: abort every mount's FUSE connection (its daemon and the
+        ranks may wait on each other in the kernel), new rank processes, fresh mounts."""
+        self.kill_mounts()
+        self.pool.close(wait=5)
+        self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
+        for target in self.mounts.values():
+            shutil.rmtree(target.cache_dir, ignore_errors=True)
+            target.start()
+        self.warm_up()
+
+    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        """Run one point; an error (not a data error) is reported and the run goes on."""
+        try:
+            return fn(*args)
+        except DataError:
+            raise
+        except PointHung as exc:
+            self.errors.append(f"{what}: HUNG: {exc}; FUSE connections aborted, ranks and "
+                               f"mounts restarted")
+            self.log(f"HUNG {what}: {exc}; recovering")
+            self.recover()
+            return None
+        except Exception as exc:  # noqa: BLE001 - report, keep the other points
+            self.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[-600:]}")
+            self.log(f"ERROR {what}: {exc}")
+            traceback.print_exc()
+            return None
+
+    # ------------------------------------------------------------------ saves
+
+    def save_point(self, workload: str, system: str, r: int) -> dict[str, float]:
+        fmt, ranks, world = SAVES[workload]
+        if world > 1:
+            self.pool.ensure_group(world)
+        places = [self.place(system, workload, k, r) for k in range(ranks)]
+        target = self.mounts.get(system)
+        cpu = self.cpu_now(target)
+        drop_caches()
+        stall = max(self.pool.call("save", [{"fmt": fmt, "place": p, "world": world}
+                                            for p in places], self.time_limit(ranks)))
+        row = {"stall_s": stall}
+        if system == "s3tc":  # its save returns once the objects are in S3
+            row["durable_s"] = stall
+        if target is not None:
+            start = time.perf_counter()
+            target.durable()
+            row["durable_s"] = stall + time.perf_counter() - start
+        row.update({k: v - cpu[k] for k, v in self.cpu_now(target).items()})
+        if workload not in SINGLE:  # the 1-rank checkpoints are checked by the restores
+            self.pool.call("load", [{"fmt": fmt, "place": p} for p in places],
+                           self.time_limit(ranks))
+            self.checked += len(places)
+        if system == "local":
+            row["raw_upload_s"] = self.raw_upload(self.work / "local" / f"r{r}" / workload,
+                                                  f"raw/r{r}/{workload}")
+        return row
+
+    def cpu_now(self, target: LakefsTarget | None) -> dict[str, float]:
+        cpu = {"s3_cpu_s": proc_cpu_seconds(self.server.pid)}
+        if target is not None and target.pid is not None:
+            cpu["daemon_cpu_s"] = proc_cpu_seconds(target.pid)
+        return cpu
+
+    def raw_upload(self, directory: Path, prefix: str) -> float:
+        """boto3 upload_file of every file of the local checkpoint, all at once."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from boto3.s3.transfer import TransferConfig
+
+        files = sorted(p for p in directory.rglob("*") if p.is_file())
+        config = TransferConfig(multipart_threshold=RAW_PART, multipart_chunksize=RAW_PART,
+                                max_concurrency=max(2, RAW_CONCURRENCY // len(files)))
+
+        def upload(path: Path) -> None:
+            key = f"{prefix}/{path.relative_to(directory).as_posix()}"
+            self.client.upload_file(str(path), self.bucket, key, Config=config)
+
+        drop_caches()
+        start = time.perf_counter()
+        with ThreadPoolExecutor(len(files)) as ex:
+            list(ex.map(upload, files))
+        return time.perf_counter() - start
+
+    def save_phase(self, workloads: list[str], r: int) -> None:
+        for workload in workloads:
+            for system in self.systems(r):
+                row = self.guarded(f"{workload} {system} round {r}", self.save_point,
+                                   workload, system, r)
+                self.record(workload, system, r, row)
+                if row:
+                    self.log(f"round {r} {workload} {system}: " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in row.items()))
+
+    # ------------------------------------------------------------------ restores
+
+    def restore_point(self, restore: str, system: str, r: int) -> dict[str, float]:
+        fmt, mode, _ = RESTORES[restore]
+        workload = f"{fmt}_save_1"
+        place = self.place(system, workload, 0, r)
+        drop_caches()
+        seconds = self.pool.call("load", [{"fmt": fmt, "place": place,
+                                           "mode": "mmap" if mode == "mmap" else ""}],
+                                 self.time_limit(1))[0]
+        self.checked += 1
+        return {"restore_s": seconds}
+
+    def restore_phase(self, r: int) -> None:
+        for system in self.systems(r):
+            kind = "mount" if system in self.mounts else system
+            if kind == "mount" and not self.guarded(f"remount {system} round {r}",
+                                                    self.remount_cold, self.mounts[system]):
+                continue
+            for restore, (_, _, kinds) in RESTORES.items():
+                if kind in kinds:
+                    row = self.guarded(f"{restore} {system} round {r}", self.restore_point,
+                                       restore, system, r)
+                    self.record(restore, system, r, row)
+                    if row:
+                        self.log(f"round {r} {restore} {system}: {row['restore_s']:.2f} s")
+
+    # ------------------------------------------------------------------ the run
+
+    def warm_up(self) -> None:
+        """Untimed first calls of every library in every rank (see Rank.warm_up)."""
+        if "dcp_save_4" in self.saves:
+            self.pool.ensure_group(4)
+        places = [str(self.work / "local" / "warmup")]
+        if self.s3tc:
+            places.append(f"s3://{self.bucket}/s3tc/warmup")
+        self.pool.call("warm_up", [{"places": places}] * self.args.ranks,
+                       self.time_limit(0) + 120)
+        self.log("ranks warmed up")
+
+    def run(self, after_round: Callable[[int], Any]) -> None:
+        for r in range(self.args.runs):
+            self.open_phase("single", r)
+            try:
+                if r == 0:
+                    self.warm_up()
+                self.save_phase([w for w in self.saves if w in SINGLE], r)
+                self.restore_phase(r)
+            finally:
+                self.close_phase()
+            for workload in (w for w in self.saves if w not in SINGLE):
+                self.open_phase(workload.replace("_", ""), r)
+                try:
+                    self.save_phase([workload], r)
+                finally:
+                    self.close_phase()
+            after_round(r)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks checkpoint", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="development / CI size: 64 MiB per rank, 1 round, native session")
+    ap.add_argument("--mib", type=int, help="state dict per rank in MiB (default 1024)")
+    ap.add_argument("--runs", type=int, help="rounds (default 3)")
+    ap.add_argument("--ranks", type=int, choices=(1, 4), default=4,
+                    help="4 (default) adds the 4-rank torch.save and DCP saves")
+    ap.add_argument("--sessions", help="lakefs-mount FUSE sessions to measure, comma "
+                                       "separated (default native,pyfuse3; native with --quick)")
+    ap.add_argument("--no-s3tc", action="store_true", help="skip s3torchconnector")
+    ap.add_argument("--out", help="results directory (default benchmarks/results/checkpoint"
+                                  ", .../checkpoint-quick with --quick)")
+    ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-checkpoint",
+                    help="scratch dir on the cache disk (wiped); the mounts are under it")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    ap.add_argument("--point-timeout", type=float, default=60,
+                    help="seconds a save or load may take, plus 120 s per GiB of it; "
+                         "longer is reported as hung (default 60)")
+    a = ap.parse_args(argv)
+    a.mib = a.mib or (64 if a.quick else 1024)
+    a.runs = a.runs or (1 if a.quick else 3)
+    a.sessions = [s for s in (a.sessions or ("native" if a.quick else "native,pyfuse3"))
+                  .split(",") if s]
+    a.out = a.out or str(HERE / "results" / ("checkpoint-quick" if a.quick else "checkpoint"))
+    return a
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
+                          capture_output=True)
+    return proc.stdout.strip() or "?"
+
+
+def write_results(bench: Bench, started: float, rounds: int, fatal: str = "",
+                  quiet: bool = False) -> dict[str, Any]:
+    """results.json, results.md and the plots of the rounds done so far."""
+    a = bench.args
+    meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": bench.commit, "machine": machine(), "mib_per_rank": a.mib,
+            "runs": rounds, "ranks": a.ranks, "sessions": a.sessions,
+            "elapsed_s": time.monotonic() - started, "notes": bench.notes}
+    results = ckpt_report.results(meta, bench.rows, bench.errors, bench.checked, fatal)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = ckpt_report.markdown(results)
+    (out / "results.md").write_text(text)
+    ckpt_report.plots(results, out)
+    if not quiet:
+        print(text)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    use_bench_credentials()
+
+    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    bench = Bench(a)
+    started = time.monotonic()
+    fatal = ""
+    try:
+        bench.start()
+        bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))
+    except (Exception, KeyboardInterrupt) as exc:
+        traceback.print_exc()
+        fatal = f"{'DATA ERROR' if isinstance(exc, DataError) else type(exc).__name__}: {exc}"
+    finally:
+        bench.stop()
+    rounds = max((len(runs) for w in bench.rows.values() for runs in w.values()), default=0)
+    results = write_results(bench, started, rounds, fatal)
+    return 0 if results["ok"] else 1
