@@ -126,19 +126,25 @@ class Passthrough:
             recorded.set()
 
     async def leave(self, cf: CachedFile, writable: bool) -> None:
-        """A passthrough open was released; the last writer's changes become dirty chunks."""
-        cf.pt_opens -= 1
+        """A passthrough open was released; the last writer's changes become dirty chunks.
+        The open still counts until they have: an open arriving meanwhile joins passthrough
+        and reads the cache file, where the chunk map does not yet hold what was written
+        (it would have fetched the committed object's old bytes)."""
         if not writable:
+            cf.pt_opens -= 1
             return
         cf.pt_writers -= 1
-        if cf.pt_writers == 0:
-            cf.pt_recorded = None
-            self.writing.discard(cf)
-            try:
-                await self.sync(cf)
-            finally:
-                cf.pt_streamed.clear()
-                cf.pt_watched = None
+        try:
+            if cf.pt_writers == 0:
+                cf.pt_recorded = None
+                self.writing.discard(cf)
+                try:
+                    await self.sync(cf)
+                finally:
+                    cf.pt_streamed.clear()
+                    cf.pt_watched = None
+        finally:
+            cf.pt_opens -= 1
 
     async def sync(self, cf: CachedFile) -> None:
         """Bring the chunk map in line with the cache file (before a commit, a truncate,
