@@ -1,4 +1,4 @@
-"""T1: s3wire signs exactly as botocore does and keeps its connections alive safely.
+"""T1: s3/wire signs exactly as botocore does and keeps its connections alive safely.
 
 The signatures are compared with botocore's own `S3SigV4Auth` on the same request and
 clock; the connection pool runs against SeaweedFS, behind the fault proxy where a test

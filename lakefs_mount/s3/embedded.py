@@ -225,7 +225,7 @@ class EmbeddedS3:
               read_timeout: float = 60.0, max_attempts: int = 3) -> S3ObjectStore:
         """An S3ObjectStore on this server with its credentials (or dummy ones).
 
-        Imported lazily: s3store pulls in boto3, which `--help` should not pay for.
+        Imported lazily: store pulls in boto3, which `--help` should not pay for.
         """
         from lakefs_mount.s3.store import S3ObjectStore
 

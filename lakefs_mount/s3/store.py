@@ -172,7 +172,7 @@ class _Lean:
 
     @property
     def direct(self) -> bool:
-        """Whether requests go out on s3wire's connections (no proxy, no client
+        """Whether requests go out on wire's connections (no proxy, no client
         certificate), which take a PiecewiseBody."""
         if not self._origin:
             self._address()
