@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from mounting import CLI
 from test_t2_mountpoint import needs_fuse, needs_root, stale_fuse  # noqa: F401 (fixture)
 
 from lakefs_mount import logsetup
@@ -407,3 +410,16 @@ def test_daemon_stderr_follows_the_rotated_log(tmp_path):
     assert (tmp_path / "d.log.1").exists()
     rotated = "".join(p.read_text() for p in tmp_path.glob("d.log.*"))
     assert "stderr-after-rotation" not in rotated
+
+
+def test_an_interrupt_while_the_command_starts_ends_in_one_line(tmp_path):
+    """Issue 29 defect 6: Ctrl-C in the first moments (Python still loading the command)
+    printed a traceback. Any moment of the start-up now ends in one line, status 130."""
+    for delay in (0.02, 0.05, 0.08, 0.12, 0.16, 0.2):
+        proc = subprocess.Popen([CLI, "status", str(tmp_path)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert "Traceback" not in err, (delay, err)
+        assert proc.returncode in (1, 130), (delay, proc.returncode, err)
