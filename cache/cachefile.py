@@ -83,6 +83,7 @@ class CachedFile:
     page_cache_etag: str | None = None  # version the kernel's page cache holds
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)
     io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
+    writes_in_flight: int = 0  # write() calls under way (Writer): see its failed-write rule
     # FUSE passthrough (see cache.passthrough): opens the kernel serves from the cache file
     # itself, those of them that may write, and the cache file's (size, mtime_ns) when the
     # chunk map last matched it.

@@ -102,7 +102,15 @@ class Writer:
                     await self.fetcher.ensure_chunk(cf, idx)  # keep the bytes the write leaves
         grows_from = cf.size if end > cf.size else None
         await self.mark_dirty(cf, list(touched), grows_from)
-        await self._write_room_permitting(cf, data, offset)
+        cf.writes_in_flight += 1
+        try:
+            await self._write_room_permitting(cf, data, offset)
+        except OSError:
+            if cf.writes_in_flight == 1 and not cf.pt_writers:
+                await self._drop_unacknowledged_tail(cf)
+            raise
+        finally:
+            cf.writes_in_flight -= 1
         for idx in touched:
             cf.chunks[idx].gen += 1
         if end > cf.size:
@@ -115,6 +123,17 @@ class Writer:
             if prev is not None and prev.state is ChunkState.DIRTY:
                 self.demand.chunk_full(cf, first - 1)
         return len(data)
+
+    async def _drop_unacknowledged_tail(self, cf: CachedFile) -> None:
+        """A failed write that got part of its bytes past the end into the cache file
+        (ENOSPC half-way): the cache file goes back to the acknowledged size, since
+        recovery trusts its length (the journal's size may lag behind acknowledged
+        writes). Only with no other write of the file under way, whose bytes past
+        the end may be acknowledged any moment, and no passthrough writer (the kernel
+        writes past cf.size without telling)."""
+        fd = await self.files.ensure_fd(cf)
+        if os.fstat(fd).st_size > cf.size:
+            os.ftruncate(fd, cf.size)  # metadata-only; never blocks on data
 
     async def _write_room_permitting(self, cf: CachedFile, data: bytes | memoryview,
                                      offset: int) -> None:

@@ -202,6 +202,10 @@ def check_cache_dir(path: Path) -> None:
             os.close(fd)
             probe.unlink(missing_ok=True)  # also when the disk refused the write
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # writable, but full: a crash may
+            log.warning("cache directory %s: its disk is full; the daemon frees space by "
+                        "uploading what is pending", target)  # have left it so
+            return
         raise MountpointError(f"cache directory {target} is not writable: "
                               f"{exc.strerror or exc}; pick another one with --cache-dir") from None
 
