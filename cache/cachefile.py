@@ -41,6 +41,7 @@ class Chunk:
     sent_crc: int | None = None  # CRC-32C of what its UPLOADED part holds, where known
     verify: bool = False  # a passthrough writer may have changed it after its upload began:
     # the commit checks the part's CRC against the cache file before using it
+    dirty_since: float | None = None  # trio time it became dirty (ChunkBook); None: clean
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ evictable (clean) chunks stay exact. Writers wait here while dirty data is over
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import trio
@@ -93,6 +93,7 @@ class ChunkBook:
             ch.etag = None
         if was_dirty != dirty:
             self._account(ch.held if dirty else -ch.held)
+            ch.dirty_since = trio.current_time() if dirty else None
 
     def chunk_committed(self, cf: CachedFile, idx: int) -> None:
         """A pending chunk reached S3 as part of a committed object: it is clean now."""
@@ -111,6 +112,13 @@ class ChunkBook:
             self.budget.added(ch.held)
             if ch.state in DIRTY_STATES:
                 self._account(ch.held)
+                ch.dirty_since = trio.current_time()  # (its age before the crash is lost)
+
+    def oldest_dirty_age(self, files: Iterable[CachedFile]) -> float | None:
+        """Seconds the oldest chunk not yet in S3 has been dirty; None if there is none."""
+        since = [ch.dirty_since for cf in files for ch in cf.chunks.values()
+                 if ch.dirty_since is not None]
+        return round(trio.current_time() - min(since), 1) if since else None
 
     @contextmanager
     def pinned(self, cf: CachedFile, indices: range | list[int]) -> Iterator[None]:

@@ -450,6 +450,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("passthrough", "passthrough", str),
     ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
+    ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),
     ("max_dirty", "max dirty", human_bytes),
     ("files_pending", "files pending", str),
     ("uploads_in_flight", "uploads in flight", str),

@@ -268,6 +268,7 @@ class Daemon:
             else f"off ({self.session.passthrough_reason})",
             "splice_writes": self.splice_writes,
             "dirty_bytes": cache.dirty_bytes,
+            "oldest_dirty_s": cache.book.oldest_dirty_age(list(cache.files.values())),
             "max_dirty": cache.max_dirty,
             "files_pending": len(pending),
             "cache_dir": str(self.config.resolved_cache_dir()),

@@ -100,9 +100,13 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
     flush = subprocess.Popen([CLI, "flush", str(mnt.path)], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     dirty: list[float] = []
+    ages: list[float] = []
     try:
         while flush.poll() is None:
-            dirty.append(scrape(address)["lakefs_mount_dirty_bytes"])
+            samples = scrape(address)
+            dirty.append(samples["lakefs_mount_dirty_bytes"])
+            if "lakefs_mount_oldest_dirty_seconds" in samples:
+                ages.append(samples["lakefs_mount_oldest_dirty_seconds"])
             time.sleep(SCRAPE_INTERVAL)
         assert flush.wait(timeout=300) == 0, flush.stderr.read()
     finally:
@@ -113,10 +117,13 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
     assert len(dirty) >= 3 and dirty[0] > 0, dirty
     assert dirty == sorted(dirty, reverse=True), dirty
     assert any(0 < d < dirty[0] for d in dirty), dirty  # parts land one by one
+    assert ages and max(ages) > 0, ages  # the oldest dirty data ages while it drains
     all_samples = scrape_samples(address)
     status = mnt.status()
     samples = scrape(address, all_samples)
     assert samples["lakefs_mount_dirty_bytes"] == status["dirty_bytes"] == 0
+    assert status["oldest_dirty_s"] is None  # nothing dirty: no age, and no gauge
+    assert "lakefs_mount_oldest_dirty_seconds" not in samples
     assert samples["lakefs_mount_dirty_files"] == status["files_pending"] == 0
     assert samples["lakefs_mount_uploads_in_flight"] == status["uploads_in_flight"] == 0
     assert samples["lakefs_mount_cache_budget_bytes"] == status["cache_size"]
