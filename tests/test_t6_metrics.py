@@ -97,6 +97,9 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
     fault_proxy.bandwidth_bytes_per_s = 4 * MiB
     data = os.urandom(24 * MiB)
     (mnt.path / "ckpt.bin").write_bytes(data)
+    deadline = time.monotonic() + 30  # with passthrough the daemon learns of the bytes at
+    while not mnt.status()["dirty_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel's RELEASE, which comes after close() returned
     flush = subprocess.Popen([CLI, "flush", str(mnt.path)], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     dirty: list[float] = []
