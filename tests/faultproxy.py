@@ -9,6 +9,9 @@ server (a body cut short with a clean EOF, which only a length check can notice)
 `answer_with(status, code, count, methods)` answers the next `count` requests of those
 methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 `parse_requests = True` (which reads requests one by one instead of pumping bytes).
+`hang = True` is a black hole: connections are accepted and requests read, but nothing is
+forwarded or answered, as behind a stuck load balancer; turning it off resets the
+connections it held, so their clients see an error, and new ones are served again.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class FaultProxy:
         self.answered = 0  # requests answered with an injected error so far
         self._answers: list[tuple[int, str, frozenset[str]]] = []
         self._fail = False
+        self._hang = False
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -75,6 +79,17 @@ class FaultProxy:
         if value:
             self._kill_connections()
 
+    @property
+    def hang(self) -> bool:
+        return self._hang
+
+    @hang.setter
+    def hang(self, value: bool) -> None:
+        """Turning the black hole off resets what it held, like a load balancer restart."""
+        was, self._hang = self._hang, value
+        if was and not value:
+            self._kill_connections()
+
     def _kill_connections(self) -> None:
         with self._lock:
             socks, self._socks = list(self._socks), set()
@@ -94,7 +109,21 @@ class FaultProxy:
             if self._fail or self._closed:
                 _reset(client)
                 continue
+            if self._hang:
+                with self._lock:
+                    self._socks.add(client)
+                self._start(self._swallow, client)
+                continue
             self._forward(client)
+
+    def _swallow(self, client: socket.socket) -> None:
+        """A black-holed connection: read everything, answer nothing, until reset."""
+        with contextlib.suppress(OSError):
+            while client.recv(_CHUNK):
+                pass
+        with self._lock:
+            self._socks.discard(client)
+        _reset(client)
 
     def _forward(self, client: socket.socket) -> None:
         """Connect upstream and pump both ways, one thread per direction."""
@@ -155,6 +184,10 @@ class FaultProxy:
                 length = int(fields.get("content-length", "0"))
                 waits = fields.get("expect", "").lower() == "100-continue"  # body not yet sent
                 answer = self._injected(lines[0].split(" ", 1)[0])
+                if self._hang:  # swallowed: never forwarded, never answered
+                    while client.recv(_CHUNK):
+                        pass
+                    raise OSError("closed")
                 if answer is None:
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
@@ -199,6 +232,8 @@ class FaultProxy:
                     time.sleep(len(data) / self.bandwidth_bytes_per_s)
                 if self._fail:
                     break
+                if self._hang:
+                    continue  # swallowed: the peer waits for ever
                 dst.sendall(data)
                 if limit == 0:
                     src.shutdown(socket.SHUT_RDWR)
