@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -54,9 +55,19 @@ class FlushProgress:
     last_error: str | None
 
 
+class KeyGate(Protocol):
+    """Changes of names that must reach S3 before a commit of a key (the namespace's
+    write-back log: an unlink's DELETE of the key, a directory's marker above it)."""
+
+    def busy(self, key: str) -> bool: ...
+
+    async def wait_clear(self, key: str) -> None: ...
+
+
 class Flusher:
     def __init__(self, cache: CacheManager, concurrency: int, commit_delay: float = 0.0,
-                 on_committed: Callable[[CachedFile], None] = lambda cf: None) -> None:
+                 on_committed: Callable[[CachedFile], None] = lambda cf: None,
+                 gate: KeyGate | None = None) -> None:
         self.cache = cache
         self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
@@ -79,6 +90,7 @@ class Flusher:
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.on_committed = on_committed  # an object is now in S3 (its directory's index)
+        self.gate = gate
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -354,8 +366,12 @@ class Flusher:
     async def _commit_task(self, cf: CachedFile) -> None:
         failed = False
         try:
+            while self.gate is not None and self.gate.busy(cf.key):
+                await self.gate.wait_clear(cf.key)  # (a rename may change the key)
             async with self._commit_limiter, cf.commit_lock:
                 while True:
+                    if self.gate is not None and self.gate.busy(cf.key):
+                        break  # a change of its name came first: re-requested below
                     try:
                         await self._commit(cf)
                         break

@@ -32,6 +32,13 @@ uploads    every multipart upload this journal created and has not yet completed
 cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
            lets a remount reuse the warm cache. Ignored for fids that have a files row.
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
+name_ops   (v6) namespace changes not yet applied to S3, in the order they were made
+           (`seq`): op 'dir' (PUT the directory marker `key`; arg = its attributes as
+           JSON, with "replace"), 'rmdir' (DELETE the marker `key`), 'delete' (DELETE the
+           object `key`), 'move' (CopyObject `key` -> `dst`, then DELETE `key`; `step` 1 =
+           the copy is done, and files whose base_key was `key` now say `dst`). Written
+           before the change is acknowledged, in the transaction that changes the `files`
+           row it goes with; a row goes once its change is in S3.
 meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
            dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
 
@@ -124,8 +131,26 @@ def _migrate_v5(db: sqlite_utils.Database) -> None:
     db.table("files").add_column("rdev", int, not_null_default=0)
 
 
+def _migrate_v6(db: sqlite_utils.Database) -> None:
+    db.execute("CREATE TABLE name_ops (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+               " op TEXT NOT NULL, key TEXT NOT NULL, dst TEXT, arg TEXT,"
+               " step INTEGER NOT NULL DEFAULT 0)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5]
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6]
+
+
+@dataclass
+class NameOpRow:
+    """One namespace change waiting for S3 (see the `name_ops` table)."""
+
+    seq: int
+    op: str
+    key: str
+    dst: str | None = None
+    arg: str | None = None
+    step: int = 0
 
 
 @dataclass
@@ -267,6 +292,43 @@ class Journal:
 
     def rekey(self, fid: int, key: str, base_key: str | None) -> None:
         self.db.table("files").update(fid, {"key": key, "base_key": base_key})
+
+    # -- namespace changes ------------------------------------------------------------
+
+    def add_name_op(self, op: str, key: str, dst: str | None = None, arg: str | None = None,
+                    *, drop_fid: int | None = None,
+                    rekey: tuple[int, str, str | None] | None = None) -> int:
+        """Record a namespace change, with the change of a `files` row that goes with it
+        (an unlink drops the row, a rename rekeys it) in the same transaction; its seq."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            seq = self._conn.execute(
+                "INSERT INTO name_ops(op, key, dst, arg) VALUES (?, ?, ?, ?)",
+                (op, key, dst, arg)).lastrowid
+            if drop_fid is not None:
+                self._conn.execute("DELETE FROM chunks WHERE fid=?", (drop_fid,))
+                self._conn.execute("DELETE FROM files WHERE fid=?", (drop_fid,))
+            if rekey is not None:
+                fid, new_key, base_key = rekey
+                self._conn.execute("UPDATE files SET key=?, base_key=? WHERE fid=?",
+                                   (new_key, base_key, fid))
+        assert seq is not None
+        return seq
+
+    def name_ops(self) -> list[NameOpRow]:
+        rows = self._conn.execute("SELECT seq, op, key, dst, arg, step FROM name_ops"
+                                  " ORDER BY seq")
+        return [NameOpRow(*row) for row in rows]
+
+    def name_op_copied(self, seq: int, src: str, dst: str) -> None:
+        """A move's copy is in S3: files based on `src` are now based on `dst`."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("UPDATE name_ops SET step=1 WHERE seq=?", (seq,))
+            self._conn.execute("UPDATE files SET base_key=? WHERE base_key=?", (dst, src))
+
+    def end_name_op(self, seq: int) -> None:
+        self._conn.execute("DELETE FROM name_ops WHERE seq=?", (seq,))
 
     # -- chunks -----------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
 from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
+from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
@@ -153,19 +154,29 @@ class Daemon:
                                       read_ahead=config.read_ahead,
                                       open_files=_cache_fd_budget())
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
+            self.names = names = NameLog(self.store, self.journal, self.metrics,
+                                         dir_attrs=dir_attrs,
+                                         rebase=lambda src, dst: ns.rebase(src, dst))
+            replayed = await names.load()
+            if replayed:
+                log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
             self.ns = ns = Namespace(self.store, self.cache, config.prefix,
                                      config.metadata_ttl, (os.getuid(), os.getgid()),
-                                     index_writer=self.index_writer, dir_attrs=dir_attrs)
+                                     index_writer=self.index_writer, dir_attrs=dir_attrs,
+                                     names=names)
             self.index = index = ns.index
             self.flusher = Flusher(self.cache, config.upload_concurrency,
                                    commit_delay=config.commit_delay,
                                    on_committed=lambda cf: ns.index_changed(
-                                       parent_dir_key(config.prefix, cf.key)))
-            self.fs = FileSystem(self.ns, self.cache, self.flusher, read_only=config.read_only,
+                                       parent_dir_key(config.prefix, cf.key)),
+                                   gate=names)
+            self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
+                                 read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
+                await nursery.start(names.run)
                 await nursery.start(index.run)
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
@@ -234,9 +245,10 @@ class Daemon:
     async def _final_flush(self) -> None:
         """After the kernel let go: commit what is left unless told not to wait."""
         pending = self.fs.pending_files(None)
-        if not pending or not self.flush_on_exit:
+        if not (pending or self.names.ops) or not self.flush_on_exit:
             return
-        log.info("committing %d file(s) before exit", len(pending))
+        log.info("committing %d file(s) and %d namespace change(s) before exit",
+                 len(pending), len(self.names.ops))
         try:
             await self.fs.flush_files(pending)
         except Exception as exc:
@@ -279,8 +291,10 @@ class Daemon:
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],
-            "last_error": next((cf.last_error for cf in pending if cf.error_streak), None),
+            "last_error": next((cf.last_error for cf in pending if cf.error_streak),
+                               self.names.status()["name_changes_error"]),
             **self.flusher.status(),
+            **self.names.status(),
             "metrics_addr": self.metrics_addr,
             "s3_requests": self.s3_stats.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,
@@ -307,7 +321,7 @@ class Daemon:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
                             "last_error": p.last_error})
 
-        await self.fs.flush_files(files, on_progress=report)
+        await self.fs.flush_files(files, on_progress=report, path=path)
         await self.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
         return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
 

@@ -2,8 +2,10 @@
 
 Both FUSE sessions (`kernel/`, the native one, and `fuse_ops.py` over pyfuse3) are thin
 adapters over this class, and tests may drive it directly. Errors are `FSError(errno)`
-(fserrors). Content goes through the cache; namespace changes of committed objects (mkdir
-markers, unlink, rename) are done in S3 (s3names) before they return.
+(fserrors). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink, the
+rename of a file, a directory's attributes) are journaled and written back to S3 in the
+background (namelog); the rename of a directory whose objects are in S3 is still done in
+S3 before it returns (s3names).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.namelog import DELETE, DIR, RMDIR, NameLog, dir_arg
 from lakefs_mount.namespace import (
     ROOT_INO,
     SMALL_OBJECT_MAX,
@@ -32,6 +35,7 @@ from lakefs_mount.namespace import (
     valid_name,
 )
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, SPECIAL_TYPES
+from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3names import S3Names, dir_stat
 
 log = logging.getLogger(__name__)
@@ -67,9 +71,10 @@ class Handle:
 
 
 class FileSystem:
-    def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, *,
-                 read_only: bool = False, fsync_remote: bool = False) -> None:
+    def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, names: NameLog,
+                 *, read_only: bool = False, fsync_remote: bool = False) -> None:
         self.ns = ns
+        self.names = names
         self.cache = cache
         self.flusher = flusher
         self.store = cache.store
@@ -78,7 +83,7 @@ class FileSystem:
         self._handles: dict[int, Handle] = {}
         self._dir_handles: dict[int, list[tuple[str, int]]] = {}
         self._next_fh = 1
-        self.s3names = S3Names(ns, cache, flusher)
+        self.s3names = S3Names(ns, cache, flusher, names)
 
     # -- attributes -------------------------------------------------------------------
 
@@ -112,7 +117,7 @@ class FileSystem:
                 existing.file is None or existing.file.pending):
             return existing
         async with s3_errors(f"listing {self.ns.key_of(parent)}"):
-            await self.ns.ensure_listed(parent)
+            await self.ns.ensure_listed(parent, lenient=True)
             child = self.ns.child(parent, name)
             if child is not None:
                 await self.ns.ensure_headed(child, with_body)
@@ -175,14 +180,12 @@ class FileSystem:
     # -- directories ------------------------------------------------------------------
 
     async def _save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
-        """Where the store drops a marker's metadata, the sidecar key (dirattrs) first,
-        then the marker with the attributes: a directory never shows up in S3 before its
-        attributes do, so no mount ever serves it looser than it was made."""
-        key = self.ns.key_of(inode)
-        if self.ns.dir_attrs is not None:
-            async with s3_errors(f"saving the attributes of {key}"):
-                await self.ns.dir_attrs.save(key, dir_stat(inode), replace=replace)
-        await self.s3names.put_dir_marker(inode)
+        """The directory's marker with its attributes, written back (namelog): where the
+        store drops a marker's metadata, the sidecar key (dirattrs) goes first, so a
+        directory never shows up in S3 before its attributes do, and no mount ever serves
+        it looser than it was made; objects below it commit after both."""
+        await self.names.record(DIR, self.ns.key_of(inode),
+                                arg=dir_arg(dir_stat(inode), replace=replace))
 
     async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
@@ -235,16 +238,16 @@ class FileSystem:
         parent.dir_mtime_ns = time.time_ns()
 
     async def _remove_empty_dir(self, inode: Inode) -> None:
-        """ENOTEMPTY unless S3 and the cache hold nothing below it; then its marker goes."""
+        """ENOTEMPTY unless S3 and the cache hold nothing below it; then its marker goes
+        (written back). S3 is asked unless the mount made the directory and its marker is
+        not even in S3 yet: another writer may have filled it since the last listing."""
         key = self.ns.key_of(inode)
-        async with s3_errors(f"listing {key}"):
-            await self.ns.ensure_listed(inode, force=True)
+        if not self.names.creating(key):
+            async with s3_errors(f"listing {key}"):
+                await self.ns.ensure_listed(inode, force=True)
         if inode.children:
             raise FSError(errno.ENOTEMPTY)
-        async with s3_errors(f"DELETE {key}"):
-            await self.store.delete(key)
-        if self.ns.dir_attrs is not None:
-            await self.ns.dir_attrs.remove(key)
+        await self.names.record(RMDIR, key)
         self.ns.detach(inode)
 
     async def opendir(self, ino: int) -> int:
@@ -291,11 +294,14 @@ class FileSystem:
         cf = inode.file
         assert cf is not None
         async with cf.commit_lock:
-            if cf.base_key is not None:
+            obj = self.names.object_key(cf.key, cf.base_key)
+            if obj is not None:
                 if cf.openers:
                     await self._cache_whole_file(cf)
-                async with s3_errors(f"DELETE {cf.base_key}"):
-                    await self.store.delete(cf.base_key)
+                # the DELETE and the end of the file's pending state, in one transaction
+                await self.names.record(DELETE, obj,
+                                        drop_fid=cf.fid if cf.in_journal else None)
+                cf.in_journal = False
             await self.cache.discard(cf)
         self.ns.detach(inode)
         self.ns.index_changed(self.ns.key_of(parent))
@@ -453,14 +459,19 @@ class FileSystem:
 
     async def _revalidate(self, inode: Inode) -> None:
         """Close-to-open: a first open after the TTL checks the ETag; a changed object
-        drops the cached chunks of the old version."""
+        drops the cached chunks of the old version. While S3 is unreachable the open
+        goes on with the version last seen (what is cached of it reads at local speed)."""
         cf = inode.file
         assert cf is not None
         if (cf.pending or cf.openers or cf.base_key is None
                 or time.monotonic() - cf.validated_at < self.ns.ttl):
             return
-        async with s3_errors(f"HEAD {cf.base_key}"):
+        try:
             info = await self.store.head(cf.base_key)
+        except ObjectStoreError as exc:  # S3 cannot say now: the version last seen serves
+            log.warning("%s not revalidated (%s): the version last seen is served",
+                        cf.base_key, exc)
+            return
         if info is None:
             raise FSError(errno.ENOENT, f"{cf.base_key} was deleted in S3")
         cf.validated_at = time.monotonic()
@@ -555,8 +566,8 @@ class FileSystem:
         cf = self._handle(fh).inode.file
         assert cf is not None
         await self.cache.fsync(cf, datasync)
-        if self.fsync_remote:
-            await self.flush_files([cf])
+        if self.fsync_remote:  # (its name's changes first: the commit waits for them)
+            await self.flush_files([cf], path=self.ns.path_of(self._handle(fh).inode))
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
@@ -630,7 +641,11 @@ class FileSystem:
         return out, local
 
     async def flush_files(self, files: list[CachedFile],
-                          on_progress: Callable[[object], Awaitable[None]] | None = None) -> None:
+                          on_progress: Callable[[object], Awaitable[None]] | None = None,
+                          path: str | None = None) -> None:
+        """Commit `files`, after the namespace changes at or under `path` (all of them
+        for None): a commit of data waits for those before it anyway."""
+        await self.names.drain(self.ns.prefix + path.strip("/") if path else None)
         await self.flusher.flush(files, on_progress=on_progress)
 
     def statfs(self) -> dict[str, int]:

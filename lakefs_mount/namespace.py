@@ -21,6 +21,7 @@ from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
+from lakefs_mount.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import SPECIAL_TYPES, decode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
@@ -64,6 +65,7 @@ class Inode:
     children: dict[str, int] = field(default_factory=dict)
     subdirs: int = 0  # directories among the children: st_nlink is 2 + subdirs
     listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
+    unlistable_at: float = 0.0  # when S3 last failed to list it (0: it answered since)
     headed: bool = True  # False: attributes are listing defaults until a HEAD
     indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
     lookups: int = 0
@@ -111,8 +113,11 @@ class Inode:
 class Namespace:
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], *, index_writer: str,
-                 dir_attrs: DirAttrs | None) -> None:
+                 dir_attrs: DirAttrs | None, names: NameLog | None = None) -> None:
         self.store = store
+        # Namespace changes not yet in S3: a listing shows what they make and hides what
+        # they remove, as the bucket will once they are applied.
+        self.names = names
         # The cache learns of files seen in S3 (a previous mount may hold them: adopt_warm),
         # of bases moving to a new version (their cached chunks are void: invalidate), and
         # GETs small objects whole at lookup (fetch_small_object).
@@ -247,8 +252,14 @@ class Namespace:
         self.cache.adopt_warm(cf)
         return cf
 
-    async def ensure_listed(self, dir_inode: Inode, force: bool = False) -> None:
+    async def ensure_listed(self, dir_inode: Inode, force: bool = False,
+                            lenient: bool = False) -> None:
         """Merge the S3 listing of a directory into its children, at most once per TTL.
+
+        While S3 cannot list it, a directory listed before is served from its last
+        listing. One never listed fails, unless `lenient` (a lookup by name, which
+        a create needs to go on): then what the mount knows of it answers, S3 is asked
+        again after the TTL, and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
@@ -258,11 +269,22 @@ class Namespace:
             await running.wait()
             if not force and dir_inode.listed_at:
                 return
-        if not force and dir_inode.listed_at and time.monotonic() - dir_inode.listed_at < self.ttl:
+        if not force and dir_inode.listed_at and (
+                time.monotonic() - dir_inode.listed_at < self.ttl
+                or self._pending(self.key_of(dir_inode))):
+            return  # (S3 has not even its marker yet: it holds nothing the mount lacks)
+        if lenient and time.monotonic() - dir_inode.unlistable_at < self.ttl:
             return
         self._listings[dir_inode.ino] = done = trio.Event()
         try:
             await self._list(dir_inode)
+        except ObjectStoreError as exc:
+            if not lenient:
+                raise
+            if not dir_inode.unlistable_at:
+                log.warning("listing %s failed (%s): names in it are looked up among what "
+                            "this mount knows until S3 answers", self.key_of(dir_inode), exc)
+            dir_inode.unlistable_at = time.monotonic()
         finally:
             del self._listings[dir_inode.ino]
             done.set()
@@ -279,16 +301,20 @@ class Namespace:
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
                 raise
-            # S3 is unavailable: the last listing plus the cache keep the mount usable.
-            log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
+            # S3 is unavailable: the last listing plus the cache keep the mount usable,
+            # for another TTL before S3 is asked again; said once until S3 lists it again.
+            if not dir_inode.unlistable_at:
+                log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
+            dir_inode.unlistable_at = dir_inode.listed_at = time.monotonic()
             return
+        dir_inode.unlistable_at = 0.0
         seen: set[str] = set()
         for sub in listing.prefixes:
             name = sub[len(prefix):].rstrip("/")
             if not valid_name(name):
                 continue
             seen.add(name)
-            if self.child(dir_inode, name) is None:
+            if self.child(dir_inode, name) is None and not self._removed(sub):
                 self.add_listed_dir(dir_inode, name)
         for obj in listing.objects:
             name = obj.key[len(prefix):]
@@ -296,12 +322,18 @@ class Namespace:
                 continue  # the directory's own marker, or a name POSIX cannot show
             seen.add(name)
             existing = self.child(dir_inode, name)
+            if existing is None and self._removed(obj.key):
+                continue  # unlinked or renamed here; S3 does not know yet
             if existing is None:
                 cf = self.new_remote_file(obj.key, obj)
                 inode = self.add(dir_inode, name, Kind.FILE, file=cf)
                 inode.headed = False
             elif existing.file is not None:
                 self._refresh_file(existing, obj, started)
+        for key in self.names.dirs_made_in(prefix) if self.names is not None else ():
+            name = key[len(prefix):-1]  # (made before a crash: the journal knows it)
+            if valid_name(name) and self.child(dir_inode, name) is None:
+                self.add_listed_dir(dir_inode, name)
         for name, ino in list(dir_inode.children.items()):
             if (name not in seen and name not in local_at_start
                     and not self._has_local_state(self.inodes[ino])):
@@ -329,8 +361,17 @@ class Namespace:
         cf.s3_meta = None
         inode.headed = False
 
+    def _pending(self, key: str) -> bool:
+        return self.names is not None and self.names.creating(key)
+
+    def _removed(self, key: str) -> bool:
+        return self.names is not None and self.names.removing(key)
+
     def _has_local_state(self, inode: Inode) -> bool:
-        """True if the entry exists only here so far (pending content, or a fresh dir)."""
+        """True if the entry exists only here so far (pending content, a fresh dir, a
+        name a pending namespace change makes)."""
+        if self._pending(self.key_of(inode)):
+            return True
         if inode.file is not None:
             return inode.file.pending or inode.file.openers > 0
         if inode.is_dir and inode.listed_at and time.monotonic() - inode.listed_at < self.ttl:
@@ -489,6 +530,13 @@ class Namespace:
         if attrs.is_symlink:
             cf.mode = stat.S_IFLNK | 0o777
         inode.kind = kind_of(cf)
+
+    def rebase(self, src: str, dst: str) -> None:
+        """An object moved in S3 (a written-back rename): files that read their unchanged
+        bytes from `src` find them at `dst`."""
+        for inode in self.inodes.values():
+            if inode.file is not None and inode.file.base_key == src:
+                inode.file.base_key = dst
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""

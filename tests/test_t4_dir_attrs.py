@@ -48,6 +48,7 @@ def test_the_probe_finds_seaweedfs_drops_marker_metadata_and_the_journal_keeps_t
     m = mount_factory()
     os.mkdir(m.path / "d")
     os.chmod(m.path / "d", 0o711)
+    assert m.flush().returncode == 0  # (namespace changes are written back)
     assert s3.head("d/").metadata == {}  # what SeaweedFS does with metadata on "d/"
     assert [o.key for o in s3.list_recursive(SIDECAR_ROOT)] == [
         entry_folder("d/") + f"{stat.S_IFDIR | 0o711}.0.0.{os.stat(m.path / 'd').st_mtime_ns}"]
@@ -78,6 +79,7 @@ def test_rmdir_takes_the_attributes_along(mount_factory, s3):
     os.mkdir(first.path / "d")
     os.chmod(first.path / "d", 0o700)
     os.rmdir(first.path / "d")
+    assert first.flush().returncode == 0  # (namespace changes are written back)
     assert list(s3.list_recursive(SIDECAR_ROOT)) == []
     s3.put("d/", b"", {})  # the same name made again by another tool: defaults, 0755
     second = mount_factory(name="second")

@@ -1,0 +1,297 @@
+"""Namespace changes written back like data: journaled before the reply, applied in order.
+
+mkdir, rmdir, unlink and the rename of a file change the mount's tree at once and are
+recorded in the journal (`name_ops`) before the kernel gets its answer; this log applies
+them to S3 in the background, retrying like data, so a training loop never waits on S3
+for them (issue 30). Changes that touch one key, or a directory and a key below it, go
+in the order they were made; independent ones go in parallel. A data commit waits for
+the earlier changes that touch its key (`busy`, `wait_clear`): an unlink followed by a
+new file of the same name never deletes the new object, and a directory's marker (with
+its attributes) is in S3 before the objects below it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.flusher import ERRORS_BEFORE_FLUSH_FAILS, FlushFailed
+from lakefs_mount.cache.journal import AsyncJournal, NameOpRow
+from lakefs_mount.dirattrs import DirAttrs, DirStat
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import encode_attrs
+from lakefs_mount.s3.objectstore import NoSuchKey, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+DIR = "dir"  # PUT a directory marker (arg: its attributes)
+RMDIR = "rmdir"  # DELETE a directory marker (and its attributes)
+DELETE = "delete"  # DELETE an object
+MOVE = "move"  # CopyObject key -> dst, then DELETE key
+QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
+CONCURRENCY = 16
+# Test hook: a move stops for good between its copy and its delete (a kill -9 there
+# proves the replay); never set outside tests.
+HOLD_AFTER_COPY = os.environ.get("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY") == "1"
+
+
+def overlap(a: str, b: str) -> bool:
+    """Keys one of which orders the other: equal, or a directory and a key below it."""
+    return a == b or (a.endswith("/") and b.startswith(a)) or (
+        b.endswith("/") and a.startswith(b))
+
+
+def dir_arg(st: DirStat, replace: bool) -> str:
+    return json.dumps({"mode": st.mode, "uid": st.uid, "gid": st.gid,
+                       "mtime_ns": st.mtime_ns, "replace": replace})
+
+
+@dataclass(eq=False)
+class NameOp:
+    row: NameOpRow
+    done: trio.Event = field(default_factory=trio.Event)
+    running: bool = False
+    error_streak: int = 0
+    error_count: int = 0
+    last_error: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.row.key,) if self.row.dst is None else (self.row.key, self.row.dst)
+
+    def describe(self) -> str:
+        row = self.row
+        return f"{row.op} {row.key}" + (f" -> {row.dst}" if row.dst is not None else "")
+
+
+class NameLog:
+    """The namespace changes not yet in S3, their order, and the task that applies them."""
+
+    def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics, *,
+                 dir_attrs: DirAttrs | None, rebase: Callable[[str, str], None]) -> None:
+        self.store = store
+        self.journal = journal
+        self.metrics = metrics
+        self.dir_attrs = dir_attrs
+        # A move's copy is in S3: files whose unchanged bytes were at `src` now find them
+        # at `dst` (their journal rows change in the same transaction as the step).
+        self.rebase = rebase
+        self.ops: list[NameOp] = []  # pending, in the order they were made
+        self._creating: Counter[str] = Counter()  # keys a pending op makes (dir, move dst)
+        self._removing: Counter[str] = Counter()  # keys a pending op removes
+        self._wake = trio.Event()
+        self._changed = trio.Event()
+        self.applied = 0
+
+    # -- recording --------------------------------------------------------------------
+
+    async def load(self) -> int:
+        """The changes a previous mount recorded and did not finish (at mount, before
+        anything is served); they are applied again, each step idempotent."""
+        for row in await self.journal(self.journal.sync.name_ops):
+            self._add(NameOp(row))
+        return len(self.ops)
+
+    async def record(self, op: str, key: str, dst: str | None = None, arg: str | None = None,
+                     *, drop_fid: int | None = None,
+                     rekey: tuple[int, str, str | None] | None = None) -> None:
+        """Journal one change (with the `files` row change that goes with it); from here
+        on it reaches S3 whatever happens to the daemon."""
+        add = functools.partial(self.journal.sync.add_name_op, op, key, dst, arg,
+                                drop_fid=drop_fid, rekey=rekey)
+        seq = await self.journal(add)
+        self._add(NameOp(NameOpRow(seq, op, key, dst, arg)))
+
+    def _add(self, op: NameOp) -> None:
+        self.ops.append(op)
+        creates, removes = _effects(op.row)
+        self._creating.update(creates)
+        self._removing.update(removes)
+        self._wake.set()
+
+    def _drop(self, op: NameOp) -> None:
+        self.ops.remove(op)
+        creates, removes = _effects(op.row)
+        self._creating.subtract(creates)
+        self._removing.subtract(removes)
+        for counter in (self._creating, self._removing):
+            for key in [*creates, *removes]:
+                if counter.get(key, 1) <= 0:
+                    del counter[key]
+        op.done.set()
+        self._wake.set()
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- what listings and commits need to know ---------------------------------------
+
+    def creating(self, key: str) -> bool:
+        """A pending change makes `key` (S3 may not show it yet)."""
+        return key in self._creating
+
+    def removing(self, key: str) -> bool:
+        """A pending change removes `key` (S3 may still show it)."""
+        return key in self._removing
+
+    def dirs_made_in(self, prefix: str) -> list[str]:
+        """Keys of directories that pending changes make right below `prefix`."""
+        return [k for k in self._creating if k.endswith("/") and k.startswith(prefix)
+                and k != prefix and "/" not in k[len(prefix):-1]]
+
+    def object_key(self, key: str, base_key: str | None) -> str | None:
+        """Where a file named `key` has its committed object once the changes before now
+        are in S3: at its name if a pending rename moves it there, else at its base."""
+        if base_key is not None and key in self._creating:
+            return key
+        return base_key
+
+    def busy(self, key: str) -> bool:
+        """A pending change touches `key` or a directory above or below it."""
+        return any(overlap(key, k) for op in self.ops for k in op.keys)
+
+    async def wait_clear(self, key: str) -> None:
+        while self.busy(key):
+            await self._changed.wait()
+
+    async def drain(self, prefix: str | None = None) -> None:
+        """Return once every change made before the call under `prefix` is in S3; fail
+        as a flush of data does once one keeps failing (the daemon keeps trying)."""
+        targets = {op: op.error_count for op in self.ops
+                   if prefix is None or any(k == prefix or k.startswith(prefix.rstrip("/") + "/")
+                                            for k in op.keys)}
+        self.store.wake_retries()
+        while True:
+            left = [op for op in targets if not op.done.is_set()]
+            if not left:
+                return
+            failing = [op for op in left if op.error_streak >= ERRORS_BEFORE_FLUSH_FAILS
+                       and op.error_count - targets[op] >= ERRORS_BEFORE_FLUSH_FAILS]
+            if failing:
+                raise FlushFailed(
+                    f"{failing[0].describe()} keeps failing: {failing[0].last_error}; "
+                    f"{len(left)} namespace change(s) not yet in S3 (the daemon keeps "
+                    "retrying)")
+            with trio.move_on_after(1.0):
+                await self._changed.wait()
+
+    def status(self) -> dict[str, object]:
+        errors = [op.last_error for op in self.ops if op.error_streak]
+        return {"name_changes_pending": len(self.ops),
+                "name_changes_error": errors[0] if errors else None}
+
+    # -- applying ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        limiter = trio.CapacityLimiter(CONCURRENCY)
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                for op in self._ready():
+                    op.running = True
+                    nursery.start_soon(self._apply_task, op, limiter)
+                await self._wake.wait()
+                self._wake = trio.Event()
+
+    def _ready(self) -> list[NameOp]:
+        """Ops with no earlier pending op they must follow."""
+        ready: list[NameOp] = []
+        earlier: set[str] = set()
+        for op in self.ops:
+            blocked = any(
+                k in earlier or any(a in earlier for a in _ancestors(k))
+                or (k.endswith("/") and any(e.startswith(k) for e in earlier))
+                for k in op.keys)
+            if not blocked and not op.running:
+                ready.append(op)
+            earlier.update(op.keys)
+        return ready
+
+    async def _apply_task(self, op: NameOp, limiter: trio.CapacityLimiter) -> None:
+        while True:
+            try:
+                async with limiter:
+                    await self._apply(op)
+                break
+            except ObjectStoreError as exc:
+                op.error_streak += 1
+                op.error_count += 1
+                op.last_error = str(exc)
+                self.metrics[m.RETRIES] += 1
+                log.warning("%s not yet in S3: %s (the daemon keeps trying)",
+                            op.describe(), exc)
+                self._changed.set()
+                self._changed = trio.Event()
+                await self.store.backoff(min(30.0, 0.5 * 2 ** min(op.error_streak, 6)))
+        await self.journal(self.journal.sync.end_name_op, op.row.seq)
+        self.applied += 1
+        self._drop(op)
+
+    async def _s3(self, what: str, fn: Callable[..., object], *args: object) -> object:
+        return await self.store.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS)
+
+    async def _apply(self, op: NameOp) -> None:
+        row = op.row
+        sync = self.store.sync
+        started = time.monotonic()
+        if row.op == DIR:
+            assert row.arg is not None
+            attrs = json.loads(row.arg)
+            st = DirStat(attrs["mode"], attrs["uid"], attrs["gid"], attrs["mtime_ns"])
+            if self.dir_attrs is not None:  # the sidecar first: see FileSystem._save_dir_attrs
+                await self.dir_attrs.save(row.key, st, replace=attrs["replace"])
+            meta = encode_attrs(st.mode, st.uid, st.gid, st.mtime_ns)
+            await self._s3(f"PUT {row.key}", sync.put, row.key, b"", meta)
+        elif row.op == RMDIR:
+            await self._s3(f"DELETE {row.key}", sync.delete, row.key)
+            if self.dir_attrs is not None:
+                await self.dir_attrs.remove(row.key)
+        elif row.op == DELETE:
+            self.metrics[m.DELETES] += 1
+            await self._s3(f"DELETE {row.key}", sync.delete, row.key)
+        elif row.op == MOVE:
+            assert row.dst is not None
+            if row.step == 0:
+                try:
+                    self.metrics[m.SERVER_SIDE_COPIES] += 1
+                    await self._s3(f"CopyObject {row.key} -> {row.dst}", sync.copy,
+                                   row.key, row.dst, None)
+                except NoSuchKey:  # deleted behind the mount's back: nothing to move
+                    log.error("rename %s -> %s: the object is gone from S3", row.key, row.dst)
+                    return
+                await self.journal(self.journal.sync.name_op_copied, row.seq, row.key,
+                                   row.dst)
+                row.step = 1
+                self.rebase(row.key, row.dst)
+                if HOLD_AFTER_COPY:
+                    await trio.sleep_forever()
+            await self._s3(f"DELETE {row.key}", sync.delete, row.key)
+        else:
+            log.error("unknown namespace change %r in the journal: skipped", row.op)
+        log.debug("%s applied in %.3f s", op.describe(), time.monotonic() - started)
+
+
+def _effects(row: NameOpRow) -> tuple[list[str], list[str]]:
+    """The keys a change makes and the keys it removes (new attributes of a directory
+    that S3 has already make nothing)."""
+    if row.op == DIR:
+        return ([] if row.arg and json.loads(row.arg).get("replace") else [row.key]), []
+    if row.op == MOVE:
+        assert row.dst is not None
+        return [row.dst], [row.key]
+    return [], [row.key]
+
+
+def _ancestors(key: str) -> list[str]:
+    """The directory keys above `key` ("a/b/c" -> "a/", "a/b/")."""
+    parts = key.rstrip("/").split("/")[:-1]
+    return ["/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1)]

@@ -1,0 +1,177 @@
+"""Namespace changes are written back like data (lakefs_mount/namelog.py, issue 30).
+
+mkdir, rmdir, unlink and rename return once the journal has them, also while S3 is down;
+the flusher applies them in order when S3 is back, a flush waits for them, and a kill -9
+at any point loses none of them. End to end: a real mount, SeaweedFS, the fault proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` with its bytes, by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def bucket_tree(s3) -> dict[str, bytes]:
+    """Every object of the bucket that is not a directory marker or lakefs-mount's own."""
+    out = {}
+    for info in s3.list_recursive(""):
+        if info.key.endswith("/") or info.key.startswith(".lakefs-mount"):
+            continue
+        out[info.key] = s3.get_range(info.key, 0, info.size + 1) if info.size else b""
+    return out
+
+
+def markers(s3) -> set[str]:
+    return {i.key for i in s3.list_recursive("") if i.key.endswith("/")}
+
+
+def save_checkpoint(directory: Path, step: int) -> None:
+    """Three files as a training job's checkpoint saver writes them (torch.save)."""
+    import torch
+
+    directory.mkdir(parents=True)
+    torch.manual_seed(step)
+    torch.save({"w": torch.randn(256, 256), "step": step}, directory / "model.pt")
+    torch.save({"m": torch.randn(128, 128)}, directory / "optim.pt")
+    (directory / "meta.json").write_text(f'{{"step": {step}}}')
+
+
+def test_a_training_loop_runs_through_an_outage_and_the_bucket_converges(
+        mount_factory, s3, fault_proxy):
+    """makedirs, torch.save into a tmp dir, rename it to checkpoint-N, delete checkpoint
+    N-2: no error while S3 refuses every connection, then S3 holds what the mount shows."""
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    run = m.path / "run"
+    for step in (0, 1):
+        save_checkpoint(run / f"tmp-{step}", step)
+        os.rename(run / f"tmp-{step}", run / f"checkpoint-{step}")
+    assert m.flush().returncode == 0
+    fault_proxy.fail = True
+    seconds = []
+    for step in range(2, 6):
+        started = time.monotonic()
+        os.makedirs(run / f"logs/step_{step}")
+        save_checkpoint(run / f"tmp-{step}", step)
+        os.rename(run / f"tmp-{step}", run / f"checkpoint-{step}")
+        shutil.rmtree(run / f"checkpoint-{step - 2}")
+        seconds.append(time.monotonic() - started)
+    assert sorted(os.listdir(run)) == ["checkpoint-4", "checkpoint-5", "logs"]
+    assert m.status()["name_changes_pending"] > 0  # nothing of it reached S3 yet
+    assert bucket_tree(s3).keys() == {f"run/checkpoint-{s}/{f}" for s in (0, 1)
+                                      for f in ("model.pt", "optim.pt", "meta.json")}
+    fault_proxy.fail = False
+    assert m.flush().returncode == 0, m.log_tail()
+    assert m.status()["name_changes_pending"] == 0
+    assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(run).items()}
+    assert {f"run/logs/step_{s}/" for s in range(2, 6)} <= markers(s3)
+    assert not any("tmp-" in k or "checkpoint-2" in k for k in markers(s3))
+    print("seconds per step while S3 was down:", [round(s, 2) for s in seconds])
+
+
+def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory, s3,
+                                                                    fault_proxy):
+    """The journal keeps namespace changes made while S3 was down; the next mount
+    applies them in order, and the bucket ends as the mount showed it."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "keep").write_bytes(b"keep")
+    (m.path / "gone").write_bytes(b"gone")
+    (m.path / "moved").write_bytes(b"moved")
+    (m.path / "old-dir").mkdir()
+    assert m.flush().returncode == 0
+    fault_proxy.fail = True
+    os.unlink(m.path / "gone")
+    os.rename(m.path / "moved", m.path / "arrived")
+    os.rmdir(m.path / "old-dir")
+    (m.path / "new-dir" / "sub").mkdir(parents=True)
+    (m.path / "gone").write_bytes(b"a new file of an unlinked name")
+    expected = tree(m.path)
+    m.kill9()
+    fault_proxy.fail = False
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert tree(m.path) == expected
+    assert bucket_tree(s3) == expected
+    assert {"new-dir/", "new-dir/sub/"} <= markers(s3)
+    assert "old-dir/" not in markers(s3)
+
+
+def test_unlink_then_a_new_file_of_that_name_keeps_the_new_object(mount_factory, s3,
+                                                                  fault_proxy):
+    """The DELETE of the old object goes before the commit of the new one, never after."""
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "f").write_bytes(b"old")
+    assert m.flush().returncode == 0
+    fault_proxy.fail = True
+    os.unlink(m.path / "f")
+    (m.path / "f").write_bytes(b"new")
+    fault_proxy.fail = False
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"f": b"new"}
+
+
+def test_a_rename_stopped_between_copy_and_delete_finishes_after_kill9(
+        mount_factory, s3, monkeypatch):
+    """A move whose copy is done and whose delete is not: the next mount deletes the old
+    key and keeps the copy; the file's later changes commit on top of it."""
+    monkeypatch.setenv("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY", "1")
+    m = mount_factory()
+    data = random.randbytes(3 * MiB)
+    (m.path / "a").write_bytes(data)
+    assert m.flush().returncode == 0
+    os.rename(m.path / "a", m.path / "b")
+    deadline = time.monotonic() + 30
+    while s3.head("b") is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert s3.head("a") is not None and s3.head("b") is not None  # held after the copy
+    with open(m.path / "b", "r+b") as f:  # a change on top of the moved object
+        f.seek(MiB)
+        f.write(b"changed")
+    m.kill9()
+    monkeypatch.delenv("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY")
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    want = data[:MiB] + b"changed" + data[MiB + 7:]
+    assert bucket_tree(s3) == {"b": want}
+    assert (m.path / "b").read_bytes() == want
+
+
+def test_flush_reports_namespace_changes_that_keep_failing(mount_factory, fault_proxy):
+    """A flush does not return 0 while a change is not in S3: it fails with the reason
+    once S3 keeps refusing, and the daemon keeps the change and applies it later."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.fail = True
+    (m.path / "d").mkdir()
+    proc = m.flush(timeout=240)
+    assert proc.returncode != 0
+    assert "dir" in proc.stderr and "d/" in proc.stderr
+    fault_proxy.fail = False
+    assert m.flush().returncode == 0
+
+
+def test_status_shows_pending_namespace_changes_and_why_they_wait(mount_factory,
+                                                                  fault_proxy):
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.fail = True
+    (m.path / "x").mkdir()
+    (m.path / "y").mkdir()
+    deadline = time.monotonic() + 30
+    while m.status()["name_changes_error"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = m.status()
+    assert st["name_changes_pending"] == 2
+    assert st["name_changes_error"] and st["last_error"]
+    fault_proxy.fail = False
+    assert m.flush().returncode == 0
+    st = m.status()
+    assert (st["name_changes_pending"], st["name_changes_error"]) == (0, None)
