@@ -67,6 +67,8 @@ GAUGES: dict[str, tuple[str, str]] = {
     "files_pending": ("dirty_files", "Files with data not yet committed in S3."),
     "oldest_dirty_s": ("oldest_dirty_seconds",
                        "Age of the oldest data not yet committed in S3 (absent: none)."),
+    "name_changes_pending": ("name_changes_pending",
+                             "Namespace changes (mkdir, rmdir, unlink, rename) not yet in S3."),
     "max_dirty": ("dirty_limit_bytes", "Dirty bytes at which writers wait (--max-dirty)."),
     "uploads_in_flight": ("uploads_in_flight", "Part and object uploads running now."),
     "parts_queued": ("parts_queued", "Parts waiting for an upload slot."),

@@ -11,6 +11,7 @@ import trio
 from lakefs_mount.cache.journal import (
     CHUNK_DIRTY,
     CHUNK_UPLOADED,
+    MIGRATIONS,
     AsyncJournal,
     Journal,
     PendingFile,
@@ -109,7 +110,23 @@ def test_sync_survives_and_the_schema_migrates_only_once(tmp_path):
     j.close()
     again = Journal(tmp_path / "j.db")
     assert len(again.pending_files()) == 1
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_a_namespace_change_and_its_file_row_change_are_one_transaction(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    unlinked, renamed = _file(j), _file(j)
+    j.rekey(renamed.fid, renamed.key, "old")
+    j.add_name_op("delete", "gone", drop_fid=unlinked.fid)
+    seq = j.add_name_op("move", "old", "new", rekey=(renamed.fid, "new", "old"))
+    assert [(r.op, r.key, r.dst, r.step) for r in j.name_ops()] == [
+        ("delete", "gone", None, 0), ("move", "old", "new", 0)]
+    assert [(f.fid, f.key, f.base_key) for f in j.pending_files()] == [
+        (renamed.fid, "new", "old")]
+    j.name_op_copied(seq, "old", "new")  # the copy is in S3: the base moves with it
+    assert j.pending_files()[0].base_key == "new" and j.name_ops()[1].step == 1
+    j.end_name_op(seq)
+    assert [r.op for r in j.name_ops()] == ["delete"]
 
 
 def test_a_device_row_keeps_its_rdev_through_intent_and_replacement(tmp_path):
