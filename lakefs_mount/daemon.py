@@ -176,13 +176,14 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)
-                await nursery.start(names.run)
                 await nursery.start(index.run)
                 await self.cache.load_warm()
                 files, _ = await recover(self.cache)
                 for cf in files:
                     self.ns.attach_path(cf.key[len(config.prefix):], cf)
                     self.flusher.request_commit(cf)
+                # only now: a replayed move rebases the recovered files that it moves
+                await nursery.start(names.run)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
                 try:

@@ -92,10 +92,13 @@ def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory,
     fault_proxy.fail = True
     os.unlink(m.path / "gone")
     os.rename(m.path / "moved", m.path / "arrived")
+    with open(m.path / "arrived", "r+b") as f:  # a change on top of the object it moves
+        f.write(b"MOV")
     os.rmdir(m.path / "old-dir")
     (m.path / "new-dir" / "sub").mkdir(parents=True)
     (m.path / "gone").write_bytes(b"a new file of an unlinked name")
     expected = tree(m.path)
+    assert expected["arrived"] == b"MOVed"
     m.kill9()
     fault_proxy.fail = False
     m.start()
