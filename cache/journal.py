@@ -36,7 +36,8 @@ name_ops   (v6) namespace changes not yet applied to S3, in the order they were 
            (`seq`): op 'dir' (PUT the directory marker `key`; arg = its attributes as
            JSON, with "replace"), 'rmdir' (DELETE the marker `key`), 'delete' (DELETE the
            object `key`), 'move' (CopyObject `key` -> `dst`, then DELETE `key`; `step` 1 =
-           the copy is done, and files whose base_key was `key` now say `dst`). Written
+           the copy is done, and files whose base_key was `key` now say `dst`; for keys
+           ending in "/", a directory: every object below `key` moves below `dst`). Written
            before the change is acknowledged, in the transaction that changes the `files`
            row it goes with; a row goes once its change is in S3.
 meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
@@ -297,9 +298,11 @@ class Journal:
 
     def add_name_op(self, op: str, key: str, dst: str | None = None, arg: str | None = None,
                     *, drop_fid: int | None = None,
-                    rekey: tuple[int, str, str | None] | None = None) -> int:
-        """Record a namespace change, with the change of a `files` row that goes with it
-        (an unlink drops the row, a rename rekeys it) in the same transaction; its seq."""
+                    rekey: tuple[int, str, str | None] | None = None,
+                    rekey_prefix: tuple[str, str] | None = None) -> int:
+        """Record a namespace change, with the change of `files` rows that goes with it
+        (an unlink drops the row, a rename rekeys it, a directory's rename every row
+        below it) in the same transaction; its seq."""
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             seq = self._conn.execute(
@@ -312,6 +315,8 @@ class Journal:
                 fid, new_key, base_key = rekey
                 self._conn.execute("UPDATE files SET key=?, base_key=? WHERE fid=?",
                                    (new_key, base_key, fid))
+            if rekey_prefix is not None:
+                self._move_prefix("key", *rekey_prefix)
         assert seq is not None
         return seq
 
@@ -321,11 +326,22 @@ class Journal:
         return [NameOpRow(*row) for row in rows]
 
     def name_op_copied(self, seq: int, src: str, dst: str) -> None:
-        """A move's copy is in S3: files based on `src` are now based on `dst`."""
+        """A move's copy is in S3: files based on `src` (below it, for a directory's
+        "prefix/") are now based on `dst`."""
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute("UPDATE name_ops SET step=1 WHERE seq=?", (seq,))
-            self._conn.execute("UPDATE files SET base_key=? WHERE base_key=?", (dst, src))
+            if src.endswith("/"):
+                self._move_prefix("base_key", src, dst)
+            else:
+                self._conn.execute("UPDATE files SET base_key=? WHERE base_key=?", (dst, src))
+
+    def _move_prefix(self, column: str, src: str, dst: str) -> None:
+        """`column` of every files row below the directory key `src` moves below `dst`
+        (substr, not LIKE: keys may hold % and _)."""
+        self._conn.execute(
+            f"UPDATE files SET {column} = ? || substr({column}, ?)"
+            f" WHERE substr({column}, 1, ?) = ?", (dst, len(src) + 1, len(src), src))
 
     def end_name_op(self, seq: int) -> None:
         self._conn.execute("DELETE FROM name_ops WHERE seq=?", (seq,))

@@ -2,10 +2,9 @@
 
 Both FUSE sessions (`kernel/`, the native one, and `fuse_ops.py` over pyfuse3) are thin
 adapters over this class, and tests may drive it directly. Errors are `FSError(errno)`
-(fserrors). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink, the
-rename of a file, a directory's attributes) are journaled and written back to S3 in the
-background (namelog); the rename of a directory whose objects are in S3 is still done in
-S3 before it returns (s3names).
+(fserrors). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink,
+renames, a directory's attributes) are journaled and written back to S3 in the background
+(namelog, renames).
 """
 
 from __future__ import annotations
@@ -34,9 +33,9 @@ from lakefs_mount.namespace import (
     kind_of,
     valid_name,
 )
+from lakefs_mount.renames import Renames, dir_stat
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, SPECIAL_TYPES
 from lakefs_mount.s3.objectstore import ObjectStoreError
-from lakefs_mount.s3names import S3Names, dir_stat
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ class FileSystem:
         self._handles: dict[int, Handle] = {}
         self._dir_handles: dict[int, list[tuple[str, int]]] = {}
         self._next_fh = 1
-        self.s3names = S3Names(ns, cache, flusher, names)
+        self.renames = Renames(ns, cache, flusher, names)
 
     # -- attributes -------------------------------------------------------------------
 
@@ -383,9 +382,9 @@ class FileSystem:
         moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
         old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
         if inode.is_dir:
-            await self.s3names.move_dir(inode, dst_parent, name_new)
+            await self.renames.move_dir(inode, dst_parent, name_new)
         else:
-            await self.s3names.move_file(inode, dst_parent, name_new)
+            await self.renames.move_file(inode, dst_parent, name_new)
         for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
             self.ns.index_changed(key)
         now = time.time_ns()

@@ -1,7 +1,8 @@
 """Namespace changes written back like data: journaled before the reply, applied in order.
 
-mkdir, rmdir, unlink and the rename of a file change the mount's tree at once and are
-recorded in the journal (`name_ops`) before the kernel gets its answer; this log applies
+mkdir, rmdir, unlink and rename (of a file, or of a directory and everything below it)
+change the mount's tree at once and are recorded in the journal (`name_ops`) before the
+kernel gets its answer; this log applies
 them to S3 in the background, retrying like data, so a training loop never waits on S3
 for them (issue 30). Changes that touch one key, or a directory and a key below it, go
 in the order they were made; independent ones go in parallel. A data commit waits for
@@ -18,8 +19,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import trio
 
@@ -29,7 +31,7 @@ from lakefs_mount.cache.journal import AsyncJournal, NameOpRow
 from lakefs_mount.dirattrs import DirAttrs, DirStat
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
-from lakefs_mount.s3.objectstore import NoSuchKey, ObjectStoreError
+from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class NameLog:
         self.ops: list[NameOp] = []  # pending, in the order they were made
         self._creating: Counter[str] = Counter()  # keys a pending op makes (dir, move dst)
         self._removing: Counter[str] = Counter()  # keys a pending op removes
+        self._moved_into: Counter[str] = Counter()  # directories a pending move fills
+        self._copy_limiter = trio.CapacityLimiter(CONCURRENCY)
         self._wake = trio.Event()
         self._changed = trio.Event()
         self.applied = 0
@@ -103,11 +107,12 @@ class NameLog:
 
     async def record(self, op: str, key: str, dst: str | None = None, arg: str | None = None,
                      *, drop_fid: int | None = None,
-                     rekey: tuple[int, str, str | None] | None = None) -> None:
-        """Journal one change (with the `files` row change that goes with it); from here
+                     rekey: tuple[int, str, str | None] | None = None,
+                     rekey_prefix: tuple[str, str] | None = None) -> None:
+        """Journal one change (with the `files` rows change that goes with it); from here
         on it reaches S3 whatever happens to the daemon."""
         add = functools.partial(self.journal.sync.add_name_op, op, key, dst, arg,
-                                drop_fid=drop_fid, rekey=rekey)
+                                drop_fid=drop_fid, rekey=rekey, rekey_prefix=rekey_prefix)
         seq = await self.journal(add)
         self._add(NameOp(NameOpRow(seq, op, key, dst, arg)))
 
@@ -116,6 +121,7 @@ class NameLog:
         creates, removes = _effects(op.row)
         self._creating.update(creates)
         self._removing.update(removes)
+        self._moved_into.update(k for k in creates if op.row.op == MOVE and k.endswith("/"))
         self._wake.set()
 
     def _drop(self, op: NameOp) -> None:
@@ -123,7 +129,8 @@ class NameLog:
         creates, removes = _effects(op.row)
         self._creating.subtract(creates)
         self._removing.subtract(removes)
-        for counter in (self._creating, self._removing):
+        self._moved_into.subtract(k for k in creates if op.row.op == MOVE and k.endswith("/"))
+        for counter in (self._creating, self._removing, self._moved_into):
             for key in [*creates, *removes]:
                 if counter.get(key, 1) <= 0:
                     del counter[key]
@@ -135,8 +142,10 @@ class NameLog:
     # -- what listings and commits need to know ---------------------------------------
 
     def creating(self, key: str) -> bool:
-        """A pending change makes `key` (S3 may not show it yet)."""
-        return key in self._creating
+        """A pending change makes `key` (S3 may not show it yet): a marker, a file's
+        move, anything below a directory being moved."""
+        return key in self._creating or any(
+            key.startswith(d) for d in self._moved_into)
 
     def removing(self, key: str) -> bool:
         """A pending change removes `key` (S3 may still show it)."""
@@ -150,7 +159,7 @@ class NameLog:
     def object_key(self, key: str, base_key: str | None) -> str | None:
         """Where a file named `key` has its committed object once the changes before now
         are in S3: at its name if a pending rename moves it there, else at its base."""
-        if base_key is not None and key in self._creating:
+        if base_key is not None and self.creating(key):
             return key
         return base_key
 
@@ -239,6 +248,65 @@ class NameLog:
     async def _s3(self, what: str, fn: Callable[..., object], *args: object) -> object:
         return await self.store.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS)
 
+    async def _each(self, fn: Callable[[str], Awaitable[object]], keys: list[str]) -> None:
+        """`fn` on every key, bounded, in parallel; the first failure fails all."""
+        async def one(key: str) -> None:
+            async with self._copy_limiter:
+                await fn(key)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for key in keys:
+                    nursery.start_soon(one, key)
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from group
+
+    async def _move_dir(self, row: NameOpRow) -> None:
+        """Every object below `key` to the same place below `dst`: the directories'
+        attributes first (sidecar keys, dirattrs), then the copies, then the deletes.
+        Each step may run again after a crash: the source is listed anew each time, and
+        nothing writes below `dst` before the move is done (commits there wait for it)."""
+        src, dst = row.key, row.dst
+        assert dst is not None and row.arg is not None
+        attrs = json.loads(row.arg)
+        st = DirStat(attrs["mode"], attrs["uid"], attrs["gid"], attrs["mtime_ns"])
+        sync = self.store.sync
+
+        def listing() -> list[ObjectInfo]:
+            return list(sync.list_recursive(src))
+
+        objects = cast(list[ObjectInfo], await self._s3(f"list {src}", listing))
+        old_attrs: list[str] = []
+        if self.dir_attrs is not None:  # (again after a crash: the keys it copies are PUTs)
+            old_attrs, _ = await self.dir_attrs.copy_tree(src, dst, st)
+
+        async def copy(key: str) -> None:
+            moved = dst + key[len(src):]
+            if key.endswith("/"):  # a marker: SeaweedFS cannot CopyObject a key ending in
+                info = await self._s3(f"HEAD {key}", sync.head, key)  # "/"; nothing to copy
+                meta = info.metadata if isinstance(info, ObjectInfo) else {}
+                await self._s3(f"PUT {moved}", sync.put, moved, b"", meta)
+            else:
+                self.metrics[m.SERVER_SIDE_COPIES] += 1
+                await self._s3(f"CopyObject {key} -> {moved}", sync.copy, key, moved, None)
+
+        async def delete(key: str) -> None:
+            self.metrics[m.DELETES] += 1
+            await self._s3(f"DELETE {key}", sync.delete, key)
+
+        if row.step == 0:
+            await self._each(copy, [o.key for o in objects])
+            await self.journal(self.journal.sync.name_op_copied, row.seq, src, dst)
+            row.step = 1
+            self.rebase(src, dst)
+        keys = [o.key for o in objects]
+        await self._each(delete, [k for k in keys if not k.endswith("/")] + old_attrs)
+        for folders in _folders(src, keys):
+            await self._each(delete, folders)
+        if src not in keys:  # no marker to move: the new name gets one
+            meta = encode_attrs(st.mode, st.uid, st.gid, st.mtime_ns)
+            await self._s3(f"PUT {dst}", sync.put, dst, b"", meta)
+
     async def _apply(self, op: NameOp) -> None:
         row = op.row
         sync = self.store.sync
@@ -258,6 +326,8 @@ class NameLog:
         elif row.op == DELETE:
             self.metrics[m.DELETES] += 1
             await self._s3(f"DELETE {row.key}", sync.delete, row.key)
+        elif row.op == MOVE and row.key.endswith("/"):
+            await self._move_dir(row)
         elif row.op == MOVE:
             assert row.dst is not None
             if row.step == 0:
@@ -278,6 +348,18 @@ class NameLog:
         else:
             log.error("unknown namespace change %r in the journal: skipped", row.op)
         log.debug("%s applied in %.3f s", op.describe(), time.monotonic() - started)
+
+
+def _folders(prefix: str, keys: list[str]) -> list[list[str]]:
+    """The folder keys of a tree (its marker, and each directory its keys lie in),
+    deepest first: stores such as SeaweedFS keep a folder for every key even where no
+    marker was written, and list one that still holds anything as a directory."""
+    folders = {prefix}
+    for key in keys:
+        parts = key[len(prefix):].split("/")[:-1]
+        folders.update(prefix + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
+    depths = sorted({f.count("/") for f in folders}, reverse=True)
+    return [sorted(f for f in folders if f.count("/") == depth) for depth in depths]
 
 
 def _effects(row: NameOpRow) -> tuple[list[str], list[str]]:

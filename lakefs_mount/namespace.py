@@ -532,11 +532,17 @@ class Namespace:
         inode.kind = kind_of(cf)
 
     def rebase(self, src: str, dst: str) -> None:
-        """An object moved in S3 (a written-back rename): files that read their unchanged
-        bytes from `src` find them at `dst`."""
+        """An object moved in S3 (a written-back rename; every object below `src` for a
+        directory's "prefix/"): files that read their unchanged bytes from `src` find them
+        at `dst`."""
         for inode in self.inodes.values():
-            if inode.file is not None and inode.file.base_key == src:
-                inode.file.base_key = dst
+            cf = inode.file
+            if cf is None or cf.base_key is None:
+                continue
+            if cf.base_key == src:
+                cf.base_key = dst
+            elif src.endswith("/") and cf.base_key.startswith(src):
+                cf.base_key = dst + cf.base_key[len(src):]
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""

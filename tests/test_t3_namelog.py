@@ -77,3 +77,25 @@ def test_changes_left_in_the_journal_are_applied_by_the_next_log(tmp_path):
     trio.run(remount)
     assert set(store.objects) == {"new/", "new/a"}
     assert store.objects["new/a"].body == b"content"
+
+
+def test_a_directory_moves_with_everything_below_it_and_its_files_rebase(tmp_path):
+    store = MemoryObjectStore()
+    for key in ("a/", "a/x", "a/s/y", "ab"):
+        store.put(key, key.encode(), {})
+
+    async def body() -> None:
+        names, rebased = make_log(tmp_path, store)
+        await names.record(MOVE, "a/", "b/", arg=ATTRS)
+        assert names.creating("b/s/y") and names.object_key("b/x", "a/x") == "b/x"
+        assert names.busy("b/new") and not names.busy("ab")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(names.run)
+            await names.drain()
+            nursery.cancel_scope.cancel()
+        assert rebased == [("a/", "b/")]
+        assert not names.creating("b/s/y")
+
+    trio.run(body)
+    assert {k: o.body for k, o in store.objects.items()} == {
+        "b/": b"", "b/x": b"a/x", "b/s/y": b"a/s/y", "ab": b"ab"}

@@ -88,8 +88,12 @@ def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory,
     (m.path / "gone").write_bytes(b"gone")
     (m.path / "moved").write_bytes(b"moved")
     (m.path / "old-dir").mkdir()
+    (m.path / "ckpt" / "shards").mkdir(parents=True)
+    for i in range(3):
+        (m.path / "ckpt" / "shards" / f"{i}.bin").write_bytes(random.randbytes(100_000))
     assert m.flush().returncode == 0
     fault_proxy.fail = True
+    os.rename(m.path / "ckpt", m.path / "ckpt-final")  # committed objects, moved later
     os.unlink(m.path / "gone")
     os.rename(m.path / "moved", m.path / "arrived")
     with open(m.path / "arrived", "r+b") as f:  # a change on top of the object it moves
@@ -105,8 +109,8 @@ def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory,
     assert m.flush().returncode == 0, m.log_tail()
     assert tree(m.path) == expected
     assert bucket_tree(s3) == expected
-    assert {"new-dir/", "new-dir/sub/"} <= markers(s3)
-    assert "old-dir/" not in markers(s3)
+    assert {"new-dir/", "new-dir/sub/", "ckpt-final/"} <= markers(s3)
+    assert not {"old-dir/", "ckpt/", "ckpt/shards/"} & markers(s3)
 
 
 def test_unlink_then_a_new_file_of_that_name_keeps_the_new_object(mount_factory, s3,

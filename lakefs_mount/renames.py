@@ -1,0 +1,108 @@
+"""Renames, written back: the journal takes the new names at once, S3 follows (namelog).
+
+A file's committed object moves with CopyObject and a DELETE of the old key; a
+directory's every object below it (`move` of "old/" to "new/"). What is not yet in S3
+simply commits under the new names. Within this mount the rename is atomic; other S3
+readers see the objects move one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.dirattrs import DirStat
+from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.namelog import MOVE, NameLog, dir_arg
+from lakefs_mount.namespace import Inode, Namespace
+
+log = logging.getLogger(__name__)
+
+
+def dir_stat(inode: Inode) -> DirStat:
+    return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
+
+
+class Renames:
+    def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher,
+                 names: NameLog) -> None:
+        self.ns = ns
+        self.cache = cache
+        self.flusher = flusher
+        self.names = names
+
+    async def _abandon_upload(self, cf: CachedFile) -> None:
+        """An upload open at the old key: aborted, so its parts go again, to the new key,
+        from the cache. Where S3 cannot take the abort now, the upload stays, and its
+        commit completes it at the old key and moves the object (Flusher._commit)."""
+        if cf.upload_id is None:
+            return
+        try:
+            async with s3_errors(f"aborting the upload of {cf.key}"):
+                await self.flusher.abandon_upload(cf)
+        except FSError as exc:
+            log.info("%s (its commit moves the object instead)", exc)
+
+    async def move_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+        """The new name in the journal, with the move of the committed object if there is
+        one; what is not yet in S3 commits to the new name."""
+        cf = inode.file
+        assert cf is not None
+        new_key = self.ns.key_of(dst_parent) + name
+        async with cf.commit_lock:
+            await self._abandon_upload(cf)
+            obj = self.names.object_key(cf.key, cf.base_key)
+            if obj is not None:
+                rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
+                await self.names.record(MOVE, obj, new_key, rekey=rekey)
+            await self.cache.rekey(cf, new_key, cf.base_key)
+        self.ns.move(inode, dst_parent, name)
+
+    async def move_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+        """The whole tree moves in the journal (the move of its objects, and every pending
+        file's key, in one transaction); S3 follows. Its directories are listed first
+        where the mount has not (S3 must answer for those: EIO while it cannot), so that
+        the mount shows the whole tree at its new place until S3 does too, and no name
+        in it is too long for S3 at the new place."""
+        old_prefix = self.ns.key_of(inode)
+        new_prefix = self.ns.key_of(dst_parent) + name + "/"
+        await self._list_tree(inode)
+        nodes = [inode, *self.ns.descendants(inode)]
+        for node in nodes:
+            moved = new_prefix + self.ns.key_of(node)[len(old_prefix):]
+            if node.is_dir:
+                check_dir_key(moved, self.ns.dir_attrs)
+            else:
+                check_key(moved)
+        files = [node.file for node in nodes if node.file is not None]
+        async with self._commit_locks(files):  # no commit lands at an old key after this
+            for cf in files:
+                await self._abandon_upload(cf)
+            await self.names.record(MOVE, old_prefix, new_prefix,
+                                    arg=dir_arg(dir_stat(inode), replace=False),
+                                    rekey_prefix=(old_prefix, new_prefix))
+            self.ns.move(inode, dst_parent, name)
+            for node in nodes:  # (their journal rows moved with the record)
+                if node.file is not None:
+                    await self.cache.rekey(node.file, self.ns.key_of(node),
+                                           node.file.base_key)
+
+    async def _list_tree(self, top: Inode) -> None:
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            async with s3_errors(f"listing {self.ns.key_of(node)}"):
+                await self.ns.ensure_listed(node)
+            stack.extend(child for name in list(node.children)
+                         if (child := self.ns.child(node, name)) is not None and child.is_dir)
+
+    @asynccontextmanager
+    async def _commit_locks(self, files: list[CachedFile]) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for cf in files:
+                await stack.enter_async_context(cf.commit_lock)
+            yield
