@@ -175,6 +175,7 @@ class Daemon:
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
+                await nursery.start(ns.run)
                 await nursery.start(self.flusher.run)
                 await nursery.start(index.run)
                 await self.cache.load_warm()

@@ -458,12 +458,13 @@ class FileSystem:
 
     async def _revalidate(self, inode: Inode) -> None:
         """Close-to-open: a first open after the TTL checks the ETag; a changed object
-        drops the cached chunks of the old version. While S3 is unreachable the open
-        goes on with the version last seen (what is cached of it reads at local speed)."""
+        drops the cached chunks of the old version. While S3 is unreachable or slow the
+        open goes on with the version last seen (what is cached of it reads at local
+        speed)."""
         cf = inode.file
         assert cf is not None
         if (cf.pending or cf.openers or cf.base_key is None
-                or time.monotonic() - cf.validated_at < self.ns.ttl):
+                or time.monotonic() - cf.validated_at < self.ns.ttl or self.ns.s3_slow()):
             return
         try:
             info = await self.store.head(cf.base_key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import math
 import os
 import stat
 import time
@@ -35,6 +36,22 @@ HEAD_CONCURRENCY = 32
 # Looked up by name, an object up to this size is fetched whole instead of HEADed: the GET
 # brings the same metadata, and the read that usually follows a lookup needs no request.
 SMALL_OBJECT_MAX = 256 * 1024
+
+
+# How long a lookup in a directory listed before waits for S3 to list it again before the
+# last listing answers (the listing goes on, and lands when S3 answers): S3 lists a
+# directory in milliseconds when it is well; a stuck connection may take minutes.
+LIST_PATIENCE = 2.0
+SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for this long
+
+
+@dataclass(eq=False)
+class _Listing:
+    """A listing of one directory under way (waiters share it)."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    started: float = field(default_factory=trio.current_time)
+    error: ObjectStoreError | None = None
 
 
 class Kind(enum.Enum):
@@ -134,7 +151,9 @@ class Namespace:
         root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
                      dir_mtime_ns=now, ctime_ns=now)
         self.inodes: dict[int, Inode] = {ROOT_INO: root}
-        self._listings: dict[int, trio.Event] = {}  # directories being listed right now
+        self._listings: dict[int, _Listing] = {}  # directories being listed right now
+        self._nursery: trio.Nursery | None = None  # where listings run (run())
+        self._slow_until = 0.0  # monotonic time until which S3 counts as slow
 
     # -- paths and keys ---------------------------------------------------------------
 
@@ -252,42 +271,94 @@ class Namespace:
         self.cache.adopt_warm(cf)
         return cf
 
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Where listings run: in tasks of their own, so that a lookup can stop waiting
+        for a slow S3 while the listing goes on and lands later."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def s3_slow(self) -> bool:
+        """S3 failed or kept a listing waiting a moment ago: names and attributes the
+        mount knows answer at once instead of waiting for it again."""
+        return time.monotonic() < self._slow_until
+
+    def _s3_was_slow(self) -> None:
+        self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
+
     async def ensure_listed(self, dir_inode: Inode, force: bool = False,
                             lenient: bool = False) -> None:
         """Merge the S3 listing of a directory into its children, at most once per TTL.
 
-        While S3 cannot list it, a directory listed before is served from its last
-        listing. One never listed fails, unless `lenient` (a lookup by name, which
-        a create needs to go on): then what the mount knows of it answers, S3 is asked
-        again after the TTL, and the log says so once per directory.
+        A directory listed before waits at most LIST_PATIENCE for S3 (none while S3
+        is slow): then its last listing answers, and the listing lands when S3 does. One
+        never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
+        name, which a create needs to go on): then what the mount knows of it answers,
+        S3 is asked again after the TTL, and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
         sent 8 listings); a forced listing must start after the call, so it waits its turn.
         """
-        while (running := self._listings.get(dir_inode.ino)) is not None:
-            await running.wait()
-            if not force and dir_inode.listed_at:
-                return
         if not force and dir_inode.listed_at and (
                 time.monotonic() - dir_inode.listed_at < self.ttl
                 or self._pending(self.key_of(dir_inode))):
             return  # (S3 has not even its marker yet: it holds nothing the mount lacks)
         if lenient and time.monotonic() - dir_inode.unlistable_at < self.ttl:
             return
-        self._listings[dir_inode.ino] = done = trio.Event()
-        try:
-            await self._list(dir_inode)
-        except ObjectStoreError as exc:
-            if not lenient:
-                raise
-            if not dir_inode.unlistable_at:
-                log.warning("listing %s failed (%s): names in it are looked up among what "
-                            "this mount knows until S3 answers", self.key_of(dir_inode), exc)
-            dir_inode.unlistable_at = time.monotonic()
-        finally:
-            del self._listings[dir_inode.ino]
-            done.set()
+        running = self._listings.get(dir_inode.ino)
+        if running is not None and force:
+            await self._await_listing(dir_inode, running, lenient)
+            if self._listings.get(dir_inode.ino) is not None:
+                return  # S3 is slow: the last listing answers
+            running = None
+        if running is None:
+            running = self._start_listing(dir_inode)
+        await self._await_listing(dir_inode, running, lenient)
+
+    def _start_listing(self, dir_inode: Inode) -> _Listing:
+        listing = _Listing()
+        self._listings[dir_inode.ino] = listing
+
+        async def list_it() -> None:
+            try:
+                await self._list(dir_inode)
+            except ObjectStoreError as exc:  # (a directory listed before serves its last)
+                listing.error = exc
+            finally:
+                del self._listings[dir_inode.ino]
+                listing.done.set()
+
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(list_it)
+        return listing
+
+    async def _await_listing(self, dir_inode: Inode, listing: _Listing,
+                             lenient: bool) -> None:
+        if dir_inode.listed_at:  # a last listing exists: S3 gets a moment, not more
+            patience = 0.0 if self.s3_slow() else listing.started + LIST_PATIENCE
+            with trio.move_on_at(patience if patience else -math.inf):
+                await listing.done.wait()
+            if not listing.done.is_set():
+                self._s3_was_slow()
+                if not dir_inode.unlistable_at:
+                    log.warning("S3 has not listed %s yet; serving the last listing",
+                                self.key_of(dir_inode))
+                dir_inode.unlistable_at = time.monotonic()
+                return
+        else:
+            await listing.done.wait()
+        if listing.error is None:
+            return
+        if not lenient:
+            raise listing.error
+        if not dir_inode.unlistable_at:
+            log.warning("listing %s failed (%s): names in it are looked up among what "
+                        "this mount knows until S3 answers", self.key_of(dir_inode),
+                        listing.error)
+        dir_inode.unlistable_at = time.monotonic()
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)
@@ -306,8 +377,10 @@ class Namespace:
             if not dir_inode.unlistable_at:
                 log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
             dir_inode.unlistable_at = dir_inode.listed_at = time.monotonic()
+            self._s3_was_slow()
             return
         dir_inode.unlistable_at = 0.0
+        self._slow_until = 0.0
         seen: set[str] = set()
         for sub in listing.prefixes:
             name = sub[len(prefix):].rstrip("/")
