@@ -1,10 +1,16 @@
 """`python -m benchmarks run ...`: the suite; `python -m benchmarks checkpoint ...`: the
-checkpoint workloads (torch.save, DCP, safetensors, restores)."""
+checkpoint workloads (torch.save, DCP, safetensors, restores); `python -m benchmarks
+outage ...`: a training loop's stall with S3 healthy and in a black hole."""
 
 import sys
 
 if sys.argv[1:2] == ["checkpoint"]:
     from benchmarks.checkpoint import main
+
+    sys.exit(main(sys.argv[2:]))
+
+if sys.argv[1:2] == ["outage"]:
+    from benchmarks.outage import main
 
     sys.exit(main(sys.argv[2:]))
 

@@ -128,3 +128,21 @@ def test_checkpoint_benchmark_quick_loads_back_every_checkpoint_it_saved(
         assert p["min"] <= p["median"] <= p["max"], p
     assert "| torch.save, 1 rank: stall, x local |" in (out / "results.md").read_text()
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.timeout(400)
+def test_outage_benchmark_quick(tmp_path: Path) -> None:
+    """`python -m benchmarks outage` at a tiny size: both phases run, the bucket ends as
+    the mount shows it, and every step's stall is reported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "outage", "--rounds", "1", "--steps", "2",
+         "--mib", "4", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    results = json.loads((tmp_path / "results.json").read_text())
+    (only,) = results["rounds"]
+    assert only["bucket_matches_mount"]
+    assert {len(v) for v in only["seconds"].values()} == {2}
+    assert set(only["seconds"]) == {"healthy", "black-hole"}
+    assert math.isfinite(results["median_ratio"]) and results["median_ratio"] > 0
