@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -116,6 +117,7 @@ def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory,
     os.rmdir(m.path / "old-dir")
     (m.path / "new-dir" / "sub").mkdir(parents=True)
     (m.path / "gone").write_bytes(b"a new file of an unlinked name")
+    os.chmod(m.path / "ckpt-final", 0o700)
     expected = tree(m.path)
     assert expected["arrived"] == b"MOVed"
     m.kill9()
@@ -124,6 +126,7 @@ def test_kill9_during_an_outage_then_remount_applies_every_change(mount_factory,
     assert m.flush().returncode == 0, m.log_tail()
     assert tree(m.path) == expected
     assert bucket_tree(s3) == expected
+    assert stat.S_IMODE(os.stat(m.path / "ckpt-final").st_mode) == 0o700
     assert {"new-dir/", "new-dir/sub/", "ckpt-final/"} <= markers(s3)
     assert not {"old-dir/", "ckpt/", "ckpt/shards/"} & markers(s3)
 
