@@ -484,6 +484,9 @@ class Flusher:
         cf.in_journal = kept or cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         cf.committed_version = version
+        if cf.unlinked and cf.in_journal:  # unlinked while this commit ran (its DELETE
+            await self.journal(self.journal.sync.drop_file, cf.fid)  # waited for it)
+            cf.in_journal = False
         self.metrics[m.FILES_COMMITTED] += 1
         self.on_committed(cf)
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)

@@ -292,21 +292,37 @@ class FileSystem:
             raise FSError(errno.EISDIR)
         cf = inode.file
         assert cf is not None
-        async with cf.commit_lock:
-            obj = self.names.object_key(cf.key, cf.base_key)
-            if obj is not None:
-                if cf.openers:
-                    await self._cache_whole_file(cf)
-                # the DELETE and the end of the file's pending state, in one transaction
-                await self.names.record(DELETE, obj,
-                                        drop_fid=cf.fid if cf.in_journal else None)
-                cf.in_journal = False
-            await self.cache.discard(cf)
+        if cf.commit_lock.locked() and not cf.openers:
+            await self._unlink_behind_commit(cf)
+        else:
+            async with cf.commit_lock:
+                obj = self.names.object_key(cf.key, cf.base_key)
+                if obj is not None:
+                    if cf.openers:
+                        await self._cache_whole_file(cf)
+                    # the DELETE and the end of the file's pending state, in one transaction
+                    await self.names.record(DELETE, obj,
+                                            drop_fid=cf.fid if cf.in_journal else None)
+                    cf.in_journal = False
+                await self.cache.discard(cf)
         self.ns.detach(inode)
         self.ns.index_changed(self.ns.key_of(parent))
         parent.dir_mtime_ns = time.time_ns()
         if cf.openers == 0:
             self.cache.close_file(cf)
+
+    async def _unlink_behind_commit(self, cf: CachedFile) -> None:
+        """A commit of the file is under way, and S3 may keep it for long: the unlink
+        does not wait for it. The DELETEs of its name and of its committed object are
+        applied once that commit has ended (they hold its lock first), so whatever it
+        lands is deleted, and a new file of the name commits after them."""
+        keys = dict.fromkeys(k for k in (cf.key, self.names.object_key(cf.key, cf.base_key))
+                             if k is not None)
+        for i, key in enumerate(keys):
+            await self.names.record(DELETE, key, after=cf.commit_lock,
+                                    drop_fid=cf.fid if cf.in_journal and i == 0 else None)
+        cf.in_journal = False
+        await self.cache.discard(cf)
 
     async def _cache_whole_file(self, cf: CachedFile) -> None:
         """An open file is about to lose its object: its open handles read from the cache."""

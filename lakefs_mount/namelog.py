@@ -62,6 +62,7 @@ class NameOp:
     row: NameOpRow
     done: trio.Event = field(default_factory=trio.Event)
     running: bool = False
+    after: trio.Lock | None = None  # (not journaled) held by a commit that must end first
     error_streak: int = 0
     error_count: int = 0
     last_error: str | None = None
@@ -108,13 +109,15 @@ class NameLog:
     async def record(self, op: str, key: str, dst: str | None = None, arg: str | None = None,
                      *, drop_fid: int | None = None,
                      rekey: tuple[int, str, str | None] | None = None,
-                     rekey_prefix: tuple[str, str] | None = None) -> None:
+                     rekey_prefix: tuple[str, str] | None = None,
+                     after: trio.Lock | None = None) -> None:
         """Journal one change (with the `files` rows change that goes with it); from here
-        on it reaches S3 whatever happens to the daemon."""
+        on it reaches S3 whatever happens to the daemon. `after`: a commit's lock, which
+        the change waits for (after a crash no commit is under way)."""
         add = functools.partial(self.journal.sync.add_name_op, op, key, dst, arg,
                                 drop_fid=drop_fid, rekey=rekey, rekey_prefix=rekey_prefix)
         seq = await self.journal(add)
-        self._add(NameOp(NameOpRow(seq, op, key, dst, arg)))
+        self._add(NameOp(NameOpRow(seq, op, key, dst, arg), after=after))
 
     def _add(self, op: NameOp) -> None:
         self.ops.append(op)
@@ -226,6 +229,9 @@ class NameLog:
         return ready
 
     async def _apply_task(self, op: NameOp, limiter: trio.CapacityLimiter) -> None:
+        if op.after is not None:
+            async with op.after:  # the commit under way at the unlink has ended
+                pass
         while True:
             try:
                 async with limiter:

@@ -200,3 +200,25 @@ def test_status_shows_pending_namespace_changes_and_why_they_wait(mount_factory,
     assert m.flush().returncode == 0
     st = m.status()
     assert (st["name_changes_pending"], st["name_changes_error"]) == (0, None)
+
+
+def test_an_unlink_does_not_wait_for_a_commit_stuck_in_a_black_hole(mount_factory, s3,
+                                                                   fault_proxy):
+    """The file's DELETE waits for the commit instead, so what that commit lands is
+    deleted, and a new file of the name commits after both."""
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "warm").write_bytes(b"x")
+    assert m.flush().returncode == 0
+    fault_proxy.hang = True
+    (m.path / "f").write_bytes(b"old")
+    deadline = time.monotonic() + 10
+    while m.status()["files_committing"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert m.status()["files_committing"] == 1  # its PutObject is in the black hole
+    started = time.monotonic()
+    os.unlink(m.path / "f")
+    assert time.monotonic() - started < 5
+    (m.path / "f").write_bytes(b"new")
+    fault_proxy.hang = False
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"warm": b"x", "f": b"new"}
