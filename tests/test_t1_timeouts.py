@@ -50,26 +50,27 @@ def test_botocore_clients_come_in_doubling_rungs_at_or_above_the_bound():
     assert [t.rung(s) for s in (1, 10, 10.5, 26, 80, 81)] == [10, 10, 20, 40, 80, 160]
 
 
-def test_an_attempt_after_timeouts_gets_twice_the_time_each_up_to_the_stretch_limit():
+def test_an_attempt_after_timeouts_gets_twice_the_time_for_its_bytes_up_to_the_limit():
     assert [stretch_after(n) for n in range(6)] == [1, 2, 4, 8, 8, 8]
     assert MAX_STRETCH == 8
     t = RequestTimeouts()
     with stretched(4):
-        assert t.small() == 40.0
-        assert t.transfer(MiB) == pytest.approx(44.0)
+        assert t.transfer(16 * MiB) == pytest.approx(10 + 64)
+        assert t.copy(8 * MiB) == pytest.approx(14.0)
+        assert t.small() == 10.0  # a HEAD in a black hole costs the base, retried or not
         seen: list[float] = []
-        other = threading.Thread(target=lambda: seen.append(t.small()))
+        other = threading.Thread(target=lambda: seen.append(t.transfer(MiB)))
         other.start()
         other.join()
-        assert seen == [10.0]  # only the thread that retries is stretched
-    assert t.small() == 10.0
+        assert seen == [11.0]  # only the thread that retries is stretched
+    assert t.transfer(MiB) == 11.0
 
 
 def test_a_retry_of_a_timed_out_request_runs_with_more_time():
     bounds: list[float] = []
 
     def request() -> str:
-        bounds.append(RequestTimeouts().small())
+        bounds.append(RequestTimeouts().transfer(4 * MiB))
         if len(bounds) < 3:
             raise RequestTimedOut("no answer")
         return "done"
@@ -80,7 +81,7 @@ def test_a_retry_of_a_timed_out_request_runs_with_more_time():
         return await store.retrying("HEAD k", request)
 
     assert trio.run(main) == "done"
-    assert bounds == [10.0, 20.0, 40.0]
+    assert bounds == [14.0, 18.0, 26.0]
 
 
 def test_a_black_holed_request_ends_at_its_bound_not_at_a_fixed_minute(

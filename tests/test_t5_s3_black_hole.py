@@ -73,8 +73,7 @@ def test_status_shows_a_black_holed_request_within_10_s_and_flush_says_what_it_w
     reports = [json.loads(line)["progress"] for line in out.splitlines() if "progress" in line]
     assert any("PutObject model.pt for" in (r.get("waiting_on") or "") for r in reports), out
     assert s3.get("model.pt")[1] == payload
-    status = m.status()
-    assert status["s3_waiting"] == 0 and status["s3_oldest_request"] is None
+    assert m.status()["s3_waiting"] == 0  # S3 answers again: nothing left waiting
 
 
 def test_a_write_and_flush_through_a_20_s_black_hole_lands_every_byte_with_bounded_waits(

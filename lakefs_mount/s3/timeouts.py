@@ -22,8 +22,9 @@ bounded by what it carries:
 
 A link slower than the floor would otherwise never get a big part through (every
 attempt cut off, the next one starting over), so a request that timed out gets twice the
-time on its next attempt, up to MAX_STRETCH times (`stretched`): a black hole still costs
-the short bound first, a slow link gets there in the end.
+time for its bytes on its next attempt, up to MAX_STRETCH times (`stretched`): a slow link
+gets there in the end, while the base is never stretched, so a HEAD or a listing in a
+black hole costs 10 s an attempt however often it is retried.
 
 On lakefs-mount's own connections (`wire`) the bound is a deadline for the whole request.
 Requests botocore sends get it as botocore's read timeout, which bounds each wait for a
@@ -79,17 +80,17 @@ class RequestTimeouts:
     floor_bytes_per_s: float = FLOOR_BYTES_PER_S
     copy_bytes_per_s: float = COPY_BYTES_PER_S
 
-    @staticmethod
-    def _stretch(seconds: float) -> float:
-        return seconds * getattr(_local, "factor", 1.0)
+    def _plus(self, work: float) -> float:
+        """The base plus `work` seconds, stretched on a retry after a timeout."""
+        return self.base + max(0.0, work) * getattr(_local, "factor", 1.0)
 
     def small(self) -> float:
         """A request that moves no bulk data: HEAD, LIST page, DELETE, create/abort."""
-        return self._stretch(self.base)
+        return self.base
 
     def transfer(self, nbytes: int) -> float:
         """A request that sends or receives `nbytes` of data (PUT, UploadPart, GET)."""
-        return self._stretch(self.base + max(0, nbytes) / self.floor_bytes_per_s)
+        return self._plus(nbytes / self.floor_bytes_per_s)
 
     def per_byte(self) -> float:
         """Seconds a response body adds per byte, once its length is known."""
@@ -97,15 +98,15 @@ class RequestTimeouts:
 
     def copy(self, nbytes: int) -> float:
         """A server-side copy of `nbytes` (CopyObject, UploadPartCopy)."""
-        return self._stretch(self.base + max(0, nbytes) / self.copy_bytes_per_s)
+        return self._plus(nbytes / self.copy_bytes_per_s)
 
     def complete(self, parts: int) -> float:
         """CompleteMultipartUpload of `parts` parts."""
-        return self._stretch(self.base + parts * SECONDS_PER_PART)
+        return self._plus(parts * SECONDS_PER_PART)
 
     def delete_batch(self, keys: int) -> float:
         """DeleteObjects of `keys` keys."""
-        return self._stretch(self.base + keys * SECONDS_PER_KEY)
+        return self._plus(keys * SECONDS_PER_KEY)
 
     def rung(self, seconds: float) -> float:
         """`seconds` rounded up to base x 2^k: the read timeout of the botocore client
