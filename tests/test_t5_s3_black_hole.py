@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -99,3 +100,36 @@ def test_a_write_and_flush_through_a_20_s_black_hole_lands_every_byte_with_bound
     assert status["files_pending"] == 0 and status["retries"] >= 1, status
     assert "RequestTimedOut" not in m.log_tail(400)  # (a plain message, not a class name)
     assert "timed out" in m.log_tail(400)
+
+
+def test_a_listing_in_a_black_hole_ends_after_three_bounded_attempts_not_three_minutes(
+        mount_factory, fault_proxy: FaultProxy, s3) -> None:
+    """Issue 30 measured `ls` blocking 180 s (3 attempts x a 60 s read timeout): a LIST
+    moves no bulk data, so each attempt now ends after 10 s, its retries included."""
+    s3.put("elsewhere/written-by-another-tool.bin", b"x", {})
+    m: Mount = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    assert "elsewhere" in os.listdir(m.path)  # known as a name, not listed inside yet
+    fault_proxy.hang = True
+    outcome: list[object] = []
+
+    def list_it() -> None:
+        try:
+            outcome.append(os.listdir(m.path / "elsewhere"))
+        except OSError as exc:
+            outcome.append(exc)
+
+    lister = threading.Thread(target=list_it)
+    started = time.monotonic()
+    lister.start()
+    try:
+        status = wait_for(lambda: (s := m.status())["s3_waiting"] and s, 10)
+        assert status and status["s3_oldest_request"]["operation"] == "ListObjectsV2", status
+        lister.join(timeout=60)
+        assert not lister.is_alive(), "a listing in a black hole did not end in 60 s"
+        assert time.monotonic() - started < 45  # 3 x 10 s and backoff, with margin
+    finally:
+        fault_proxy.hang = False
+        lister.join(timeout=60)
+    assert outcome and (isinstance(outcome[0], OSError) or outcome[0] == [
+        "written-by-another-tool.bin"]), outcome
+    assert "timed out" in m.log_tail(200)
