@@ -34,6 +34,7 @@ from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.logsetup import LOG_FORMATS
 from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
 from lakefs_mount.s3.objectstore import ObjectStoreError
+from lakefs_mount.s3.stats import WAITING_AFTER
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
 
@@ -462,7 +463,8 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("errors", "errors", str),
     ("last_error", "last error", str),
     ("s3_in_flight", "S3 requests under way", str),
-    ("s3_waiting", "S3 requests waiting", lambda n: f"{n} (under way for over 5 s)"),
+    ("s3_waiting", "S3 requests waiting",
+     lambda n: f"{n} (under way for over {WAITING_AFTER:g} s)" if n else "0"),
     ("s3_oldest_request", "oldest S3 request", lambda r: " ".join(
         filter(None, (r["operation"], r["key"], f"for {r['age_s']:g} s")))),
     ("s3_oldest_request_s", "", str),  # (its age again, as one number for /metrics)
