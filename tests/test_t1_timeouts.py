@@ -101,6 +101,28 @@ def test_a_black_holed_request_ends_at_its_bound_not_at_a_fixed_minute(
     fault_proxy.hang = False
 
 
+def test_requests_botocore_sends_end_at_their_bound_too(fault_proxy: FaultProxy,
+                                                         bucket: str) -> None:
+    store = S3ObjectStore(bucket, endpoint_url=fault_proxy.endpoint_url, read_timeout=1.0,
+                          max_attempts=1)
+    upload = store.create_multipart("mp", {})
+    fault_proxy.hang = True
+    for call in (lambda: store.delete("k"), lambda: store.abort_multipart("mp", upload)):
+        started = time.monotonic()
+        with pytest.raises(RequestTimedOut, match="timed out"):
+            call()
+        assert 0.9 < time.monotonic() - started < 5
+    fault_proxy.hang = False
+    store.abort_multipart("mp", upload)
+
+
+def test_a_big_copy_goes_through_a_botocore_client_whose_read_timeout_covers_it(s3):
+    bound = s3.timeouts.copy(1024 * MiB)  # an UploadPartCopy of 1 GiB: 138 s
+    assert s3._botocore(bound).meta.config.read_timeout == 160
+    assert s3._botocore(1.0) is s3._botocore(10.0)  # one client per rung
+    assert s3._botocore(1.0).meta.config.retries["total_max_attempts"] == 1
+
+
 def test_a_body_gets_time_for_its_bytes_beyond_the_base(fault_proxy: FaultProxy,
                                                        bucket: str) -> None:
     """A 3 MiB answer through a 2 MiB/s link takes ~1.5 s: more than the 0.5 s base, less
