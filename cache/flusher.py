@@ -255,6 +255,7 @@ class Flusher:
             await self._forget_upload(cf)
         except Exception as exc:  # never take the daemon down; the commit retries it
             self._background_failure(cf, f"upload of part {idx + 1}", exc)
+            self.metrics[m.RETRIES] += 1  # (the part is still dirty: the commit sends it)
 
     def _background_failure(self, cf: CachedFile, what: str, exc: Exception) -> None:
         """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""

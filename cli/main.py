@@ -34,6 +34,7 @@ from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.logsetup import LOG_FORMATS
 from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
 from lakefs_mount.s3.objectstore import ObjectStoreError
+from lakefs_mount.s3.stats import WAITING_AFTER
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
 
@@ -461,6 +462,12 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("retries", "retries", str),
     ("errors", "errors", str),
     ("last_error", "last error", str),
+    ("s3_in_flight", "S3 requests under way", str),
+    ("s3_waiting", "S3 requests waiting",
+     lambda n: f"{n} (under way for over {WAITING_AFTER:g} s)" if n else "0"),
+    ("s3_oldest_request", "oldest S3 request", lambda r: " ".join(
+        filter(None, (r["operation"], r["key"], f"for {r['age_s']:g} s")))),
+    ("s3_oldest_request_s", "", str),  # (its age again, as one number for /metrics)
     ("last_s3_error_at", "last S3 error at",
      lambda ts: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))),
     ("s3_requests", "S3 requests", lambda ops: ", ".join(
@@ -479,7 +486,7 @@ def format_status(status: dict) -> str:
     known = set()
     for key, label, fmt in STATUS_ROWS:
         known.add(key)
-        if key in status and status[key] is not None:
+        if label and key in status and status[key] is not None:
             rows.append((label, fmt(status[key])))
     for key in sorted(status):
         if key in known or any(w in key.lower() for w in _SECRET_WORDS):

@@ -45,11 +45,23 @@ def describe_progress(info: dict) -> str:
         parts.append(count(files, "file"))
     if "uploaded_bytes" in info:
         parts.append(f"{human_bytes(info['uploaded_bytes'])} uploaded")
-    if info.get("last_error"):
-        parts.append(f"retrying after: {info['last_error']}")
+    why = why_waiting(info)
+    if why:
+        parts.append(why)
     if not parts:
         parts = [f"{k}={v}" for k, v in info.items()]
     return ", ".join(parts)
+
+
+def why_waiting(info: dict) -> str | None:
+    """What holds an operation up, from a progress report: an S3 request under way for
+    seconds (`waiting_on`), and the last S3 error."""
+    waiting, error = info.get("waiting_on"), info.get("last_error")
+    if waiting and error:
+        return f"waiting on S3: {waiting} (last error: {error})"
+    if waiting:
+        return f"waiting on S3: {waiting}"
+    return f"retrying after: {error}" if error else None
 
 
 def _duration(seconds: float) -> str:
@@ -89,7 +101,7 @@ class ProgressPrinter:
         return {"done_bytes": done, "total_bytes": self.total, "bytes_per_s": round(rate),
                 "eta_s": None if eta is None else round(eta, 1)}
 
-    def bar(self, left: int, error: str | None = None) -> str:
+    def bar(self, left: int, why: str | None = None) -> str:
         m = self.measure(left)
         fraction = m["done_bytes"] / m["total_bytes"] if m["total_bytes"] else 1.0
         filled = round(fraction * BAR_WIDTH)
@@ -97,7 +109,7 @@ class ProgressPrinter:
         text = (f"{self.verb} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] "
                 f"{fraction * 100:3.0f}%  {human_bytes(m['done_bytes'])} / "
                 f"{human_bytes(m['total_bytes'])}  {human_bytes(m['bytes_per_s'])}/s{eta}")
-        return f"{text}  retrying after: {error}" if error else text
+        return f"{text}  {why}" if why else text
 
     def __call__(self, info: dict) -> None:
         self.last = info
@@ -111,7 +123,7 @@ class ProgressPrinter:
             return
         self.last_print = now
         if self.tty and left is not None:
-            self._redraw(self.bar(left, info.get("last_error")))
+            self._redraw(self.bar(left, why_waiting(info)))
         elif self.tty:
             self._redraw(f"{self.verb}: {describe_progress(info)}")
         else:

@@ -293,8 +293,12 @@ class Daemon:
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],
+            # a file's upload failing, a namespace change failing, else any S3 request
+            # failing now (a lookup's, ...)
             "last_error": next((cf.last_error for cf in pending if cf.error_streak),
-                               self.names.status()["name_changes_error"]),
+                               self.names.status()["name_changes_error"])
+            or self.s3_stats.current_error(),
+            **self._s3_under_way(),
             **self.flusher.status(),
             **self.names.status(),
             "metrics_addr": self.metrics_addr,
@@ -302,6 +306,16 @@ class Daemon:
             "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
         }
+
+    def _s3_under_way(self) -> dict[str, Any]:
+        """S3 requests under way (s3/stats): `s3_waiting` counts those waiting longer
+        than a few seconds, `s3_oldest_request` names the oldest, whose age is also a
+        flat number for /metrics (absent when none is under way)."""
+        under_way = self.s3_stats.waiting()
+        oldest = under_way["s3_oldest_request"]
+        if oldest is not None:
+            under_way["s3_oldest_request_s"] = oldest["age_s"]
+        return under_way
 
     def status_from_thread(self) -> dict[str, Any] | None:
         """`status` for a thread outside the loop (the /metrics server): computed in the
@@ -321,7 +335,8 @@ class Daemon:
 
         async def report(p: Any) -> None:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
-                            "last_error": p.last_error})
+                            "last_error": p.last_error or self.s3_stats.current_error(),
+                            "waiting_on": self.s3_stats.waiting_on()})
 
         await self.fs.flush_files(files, on_progress=report, path=path)
         await self.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
@@ -336,7 +351,8 @@ class Daemon:
             raise ValueError(str(exc)) from None
 
         async def report(p: WarmProgress) -> None:
-            await progress({"files_left": p.files_left, "bytes_left": p.bytes_left})
+            await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
+                            "waiting_on": self.s3_stats.waiting_on()})
 
         try:
             done = await warm_up(self.cache, files, report)

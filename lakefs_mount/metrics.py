@@ -78,6 +78,11 @@ GAUGES: dict[str, tuple[str, str]] = {
     "uptime_s": ("uptime_seconds", "Seconds since the daemon started."),
     "last_s3_error_at": ("last_s3_error_timestamp_seconds",
                          "Unix time of the last failed S3 request."),
+    "s3_in_flight": ("s3_requests_in_flight", "S3 requests under way now."),
+    "s3_waiting": ("s3_requests_waiting",
+                   "S3 requests under way for longer than 5 s (a slow or stuck S3)."),
+    "s3_oldest_request_s": ("s3_oldest_request_seconds",
+                            "Age of the oldest S3 request under way (absent: none)."),
 }
 
 # Per S3 operation (label `operation`), from the `s3_requests` of `status` (see s3/stats.py).

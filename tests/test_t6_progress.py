@@ -54,6 +54,19 @@ def test_a_failed_operation_clears_the_bar_and_an_error_shows_on_it():
     assert screen.getvalue().endswith("\r\x1b[K") and "100%" not in screen.getvalue()
 
 
+def test_a_request_waiting_on_s3_shows_on_the_bar_and_in_the_plain_line():
+    clock, screen = Clock(), Terminal()
+    printer = ProgressPrinter("flushing", stream=screen, clock=clock)
+    printer({"bytes_left": MiB, "waiting_on": "PutObject step_1/model.pt for 12 s"})
+    assert screen.getvalue().endswith("waiting on S3: PutObject step_1/model.pt for 12 s")
+    log = io.StringIO()
+    plain = ProgressPrinter("flushing", stream=log, clock=clock)
+    plain({"bytes_left": MiB, "files_left": 1, "waiting_on": "PutObject k for 30 s",
+           "last_error": "S3 PutObject on 's3://b/k' timed out"})
+    assert log.getvalue() == ("flushing: 1 MiB left, 1 file, waiting on S3: PutObject k for "
+                              "30 s (last error: S3 PutObject on 's3://b/k' timed out)\n")
+
+
 def test_without_a_terminal_a_plain_line_every_ten_seconds():
     clock, log = Clock(), io.StringIO()
     printer = ProgressPrinter("flushing", stream=log, clock=clock)

@@ -4,7 +4,6 @@ short by `wake_retries` when a flush asks."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -22,8 +21,10 @@ from lakefs_mount.s3.objectstore import (
     ObjectInfo,
     ObjectStore,
     ObjectStoreError,
+    RequestTimedOut,
 )
 from lakefs_mount.s3.retry import QUICK_ATTEMPTS, delay_after, transient
+from lakefs_mount.s3.timeouts import stretch_after, stretched
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,9 +42,13 @@ class AsyncStore:
         self._limiter = trio.CapacityLimiter(max_threads)
         self._retry_now = trio.Event()
 
-    async def _once(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(
-            functools.partial(fn, *args), limiter=self._limiter, abandon_on_cancel=False)
+    async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0) -> T:
+        def attempt() -> T:
+            with stretched(stretch):
+                return fn(*args)
+
+        return await trio.to_thread.run_sync(attempt, limiter=self._limiter,
+                                             abandon_on_cancel=False)
 
     async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a
@@ -62,15 +67,18 @@ class AsyncStore:
         Dirty data is never dropped, so the flusher retries forever; `on_error` lets it
         publish the failure (status, waiting flushes) while it keeps trying. Every failed
         attempt counts as an error, every new attempt as a retry, each with a log line.
+        An attempt that follows one cut off by its time bound gets more time
+        (`timeouts.stretch_after`): a link slower than the floor rate gets there too.
         """
-        attempt = 0
+        attempt = timeouts = 0
         while True:
             attempt += 1
             try:
-                return await self._once(fn, *args)
+                return await self._once(fn, *args, stretch=stretch_after(timeouts))
             except PERMANENT:
                 raise
             except (ObjectStoreError, OSError) as exc:
+                timeouts += isinstance(exc, RequestTimedOut)
                 self.metrics[m.ERRORS] += 1
                 if on_error is not None:
                     on_error(exc)

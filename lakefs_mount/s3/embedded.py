@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from lakefs_mount.logsetup import LOG_MAX_BYTES, rotate_log
 from lakefs_mount.s3.objectstore import ObjectStoreError
+from lakefs_mount.s3.timeouts import BASE_SECONDS, CONNECT_SECONDS
 
 if TYPE_CHECKING:
     from lakefs_mount.s3.store import S3ObjectStore
@@ -221,8 +222,8 @@ class EmbeddedS3:
 
     # ----------------------------------------------------------------- helpers
 
-    def store(self, bucket: str, *, max_pool: int = 32, connect_timeout: float = 5.0,
-              read_timeout: float = 60.0, max_attempts: int = 3) -> S3ObjectStore:
+    def store(self, bucket: str, *, max_pool: int = 32, connect_timeout: float = CONNECT_SECONDS,
+              read_timeout: float = BASE_SECONDS, max_attempts: int = 3) -> S3ObjectStore:
         """An S3ObjectStore on this server with its credentials (or dummy ones).
 
         Imported lazily: store pulls in boto3, which `--help` should not pay for.

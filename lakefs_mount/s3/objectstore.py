@@ -47,6 +47,11 @@ class NoSuchKey(ObjectStoreError):
     pass
 
 
+class RequestTimedOut(ObjectStoreError):
+    """S3 took longer than the request's bound (s3/timeouts) to answer it: a black hole,
+    a stuck proxy, or a link slower than the floor rate. Transient."""
+
+
 class NoSuchUpload(ObjectStoreError):
     """The multipart upload id is unknown (aborted, completed or expired)."""
 

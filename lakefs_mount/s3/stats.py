@@ -6,18 +6,25 @@ calls gives the latency of each S3 operation (histograms for Prometheus, counts 
 `status`) and one structured log line per failed request, without code in the store, the
 cache or the flusher. In the daemon a call is one request: its store makes one attempt per
 call (s3/retry), and each retry of AsyncStore is a new call (counted in `attempt`).
+
+It also sees every request start, so it knows the ones under way: a request stuck in a
+black hole shows in `status` (`waiting`) while it waits, not only once its time bound
+(s3/timeouts) has run out.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,20 @@ OPERATIONS = {
     "abort_multipart": "AbortMultipartUpload", "list_parts": "ListParts",
     "list_multipart_uploads": "ListMultipartUploads",
 }
+# A request under way this long counts as waiting in `status` (s3_waiting): well above
+# what S3 takes to answer anything but a big transfer, well below the 10 s a user allows.
+WAITING_AFTER = 5.0
+# How long a failure stays `status`'s last error when nothing retries its request.
+ERROR_SHOWN_FOR = 120.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The latest failure of one (operation, key): how many in a row, when, and why."""
+
+    attempt: int
+    at: float
+    message: str | None  # None: an answer the caller expects (no such key), not trouble
 
 
 @dataclass
@@ -69,18 +90,36 @@ def failure_fields(exc: BaseException) -> dict[str, Any]:
 class S3Stats:
     """Thread-safe totals of the requests the store made (they run in worker threads)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._ops: dict[str, OperationStats] = {}
-        self._streaks: dict[tuple[str, str | None], int] = {}
+        self._streaks: dict[tuple[str, str | None], Failure] = {}
         self._clock = clock
+        self._monotonic = monotonic
+        self._under_way: dict[int, tuple[str, str | None, float]] = {}
+        self._tickets = itertools.count()
         self.last_error_at: float | None = None
 
+    def begin(self, op: str, key: str | None) -> int:
+        """Note a request that starts now; `record` with the ticket when it ends."""
+        ticket = next(self._tickets)
+        with self._lock:
+            self._under_way[ticket] = (op, key, self._monotonic())
+        return ticket
+
+    def forget(self, ticket: int) -> None:
+        """A request that ended without an answer or an error of S3's."""
+        with self._lock:
+            self._under_way.pop(ticket, None)
+
     def record(self, op: str, key: str | None, seconds: float,
-               error: BaseException | None = None) -> int:
+               error: BaseException | None = None, ticket: int | None = None) -> int:
         """Count one request; returns its attempt number (failures in a row of `op` on
         `key`, this one included; 0 for a success)."""
         with self._lock:
+            if ticket is not None:
+                self._under_way.pop(ticket, None)
             stats = self._ops.setdefault(op, OperationStats())
             stats.count += 1
             stats.seconds_sum += seconds
@@ -90,9 +129,45 @@ class S3Stats:
                 return 0
             stats.failures += 1
             self.last_error_at = self._clock()
-            attempt = self._streaks.get((op, key), 0) + 1
-            self._streaks[(op, key)] = attempt
+            before = self._streaks.get((op, key))
+            attempt = (before.attempt if before else 0) + 1
+            trouble = not isinstance(error, NoSuchKey | NoSuchUpload)
+            self._streaks[(op, key)] = Failure(attempt, self._monotonic(),
+                                               str(error) if trouble else None)
             return attempt
+
+    def waiting(self) -> dict[str, Any]:
+        """The requests under way for `status`: how many (`s3_in_flight`), how many for
+        longer than WAITING_AFTER (`s3_waiting`), and the oldest one (operation, key,
+        seconds so far; None when none is under way)."""
+        now = self._monotonic()
+        with self._lock:
+            under_way = list(self._under_way.values())
+        oldest = min(under_way, key=lambda r: r[2], default=None)
+        return {
+            "s3_in_flight": len(under_way),
+            "s3_waiting": sum(now - started >= WAITING_AFTER for *_, started in under_way),
+            "s3_oldest_request": None if oldest is None else {
+                "operation": oldest[0], "key": oldest[1],
+                "age_s": round(now - oldest[2], 1)},
+        }
+
+    def waiting_on(self) -> str | None:
+        """The oldest request under way for longer than WAITING_AFTER, in words
+        ("PutObject step_1/model.pt for 12 s"): why a flush is not moving."""
+        oldest = self.waiting()["s3_oldest_request"]
+        if oldest is None or oldest["age_s"] < WAITING_AFTER:
+            return None
+        key = f" {oldest['key']}" if oldest["key"] else ""
+        return f"{oldest['operation']}{key} for {oldest['age_s']:.0f} s"
+
+    def current_error(self) -> str | None:
+        """The latest failure of a request that has not succeeded since (and is at most
+        ERROR_SHOWN_FOR old): what S3 is doing wrong now, for `status`'s last error."""
+        horizon = self._monotonic() - ERROR_SHOWN_FOR
+        with self._lock:
+            recent = [f for f in self._streaks.values() if f.at >= horizon and f.message]
+        return max(recent, key=lambda f: f.at).message if recent else None
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -117,16 +192,20 @@ class TimedStore:
 
     def _timed(self, op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         key = args[0] if args and isinstance(args[0], str) else None
+        ticket = self._stats.begin(op, key)
         started = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
             seconds = time.perf_counter() - started
-            attempt = self._stats.record(op, key, seconds, exc)
+            attempt = self._stats.record(op, key, seconds, exc, ticket)
             fields = {"s3_op": op, "key": key, **failure_fields(exc), "attempt": attempt,
                       "seconds": round(seconds, 3)}
             log.info("S3 request failed: %s %s (attempt %d): %s", op, key or "", attempt, exc,
                      extra=fields)
             raise
-        self._stats.record(op, key, time.perf_counter() - started)
+        except BaseException:
+            self._stats.forget(ticket)  # (not a failure of S3's: an interruption)
+            raise
+        self._stats.record(op, key, time.perf_counter() - started, ticket=ticket)
         return result

@@ -8,6 +8,7 @@ base can report S3 problems without knowing anything about botocore.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, NoReturn
@@ -33,6 +34,7 @@ from lakefs_mount.s3.objectstore import (
     ObjectStoreError,
     PendingUpload,
     PiecewiseBody,
+    RequestTimedOut,
 )
 from lakefs_mount.s3.replies import (
     META_PREFIX,
@@ -45,6 +47,7 @@ from lakefs_mount.s3.replies import (
     strip_etag,
 )
 from lakefs_mount.s3.retry import TRANSIENT_CODES, TRANSIENT_STATUS, retried
+from lakefs_mount.s3.timeouts import BASE_SECONDS, CONNECT_SECONDS, RequestTimeouts
 from lakefs_mount.s3.wire import (
     CertificateRefused,
     ConnectFailed,
@@ -133,7 +136,7 @@ class _Lean:
 
     def __init__(self, session: boto3.session.Session, settings: botocore.session.Session,
                  client: Any, bucket: str, region: str | None, max_pool: int,
-                 connect_timeout: float, read_timeout: float) -> None:
+                 timeouts: RequestTimeouts) -> None:
         self._credentials = session.get_credentials()
         self._client = client
         self._bucket = bucket
@@ -145,7 +148,7 @@ class _Lean:
                                     or os.environ.get("REQUESTS_CA_BUNDLE") or True)
         self._http: URLLib3Session | None = None  # through a proxy or with a client cert
         self._max_idle = max_pool
-        self._timeouts = (connect_timeout, read_timeout)
+        self.timeouts = timeouts
         self._origin = ""  # scheme://host[:port] and the bucket's path, as botocore
         self._prefix = ""  # addresses it (path or virtual-host style): set on first use
         self._wire: WirePool | None = None
@@ -158,16 +161,17 @@ class _Lean:
         self._prefix = parts.path[:-1]
         proxies = self._config.proxies or get_environ_proxies(probe)
         if proxies.get(parts.scheme) or self._config.client_cert:
-            self._http = URLLib3Session(
-                verify=self._verify, proxies=proxies, timeout=self._timeouts,
+            self._http = URLLib3Session(  # (its read timeout bounds each wait for a byte)
+                verify=self._verify, proxies=proxies,
+                timeout=(self.timeouts.connect, self.timeouts.base),
                 max_pool_connections=self._max_idle, client_cert=self._config.client_cert,
                 proxies_config=self._config.proxies_config)
         else:
             verify = self._verify
             self._wire = WirePool(origin, verify=verify if verify is False
                                   else get_cert_path(verify), max_idle=self._max_idle,
-                                  connect_timeout=self._timeouts[0],
-                                  read_timeout=self._timeouts[1])
+                                  connect_timeout=self.timeouts.connect,
+                                  read_timeout=self.timeouts.base)
         self._origin = origin  # last: threads that see it see the rest too
 
     @property
@@ -179,10 +183,11 @@ class _Lean:
         return self._wire is not None
 
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
-             body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None
-             ) -> Any:
+             body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None,
+             timeout: float | None = None) -> Any:
         """One signed request; raises ErrorReply for non-2xx, WireError for a failed
-        connection.
+        connection or one that took longer than `timeout` (`timeouts.small()` if None;
+        an answer's body gets time for its bytes on top).
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
             raise bce.NoCredentialsError()
@@ -191,7 +196,8 @@ class _Lean:
         target = self._prefix + quote(key, safe="/~")
         if query:  # SigV4 signs the query string as sent: escape it the way it wants
             target += "?" + canonical_query(query)
-        response = self._send_once(method, target, headers or {}, body)
+        response = self._send_once(method, target, headers or {}, body,
+                                   self.timeouts.small() if timeout is None else timeout)
         if response.status_code < 300:
             return response
         content = b"" if method == "HEAD" else response.raw.read()
@@ -200,7 +206,7 @@ class _Lean:
                                response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
-                   body: bytes | PiecewiseBody) -> Any:
+                   body: bytes | PiecewiseBody, timeout: float) -> Any:
         frozen = self._credentials.get_frozen_credentials()
         if self._wire is None:
             assert isinstance(body, bytes) and self._http is not None
@@ -213,7 +219,8 @@ class _Lean:
         signed = sign(method, self._wire.host, path, query, headers,
                       Keys(frozen.access_key, frozen.secret_key, frozen.token),
                       self._region)
-        return self._wire.request(method, target, signed, body)
+        return self._wire.request(method, target, signed, body, timeout=timeout,
+                                  per_byte=self.timeouts.per_byte())
 
 
 def _listing_pages(lean: _Lean, prefix: str, delimiter: str | None
@@ -250,13 +257,16 @@ class S3ObjectStore:
     pool of `max_pool`) serves all worker threads of the daemon. `access_key`,
     `secret_key`, `connect_timeout`, `read_timeout` and `max_attempts` are optional
     extras beyond the design card, used by the embedded server and the tests.
+    Every request is bounded by `timeouts` (`read_timeout` is their base): scaled to its
+    bytes on the lean path, and through the botocore client whose read timeout is the
+    next rung above its bound (`_botocore`) otherwise.
     """
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None,
                  region: str | None = None, profile: str | None = None,
                  max_pool: int = 32, access_key: str | None = None,
-                 secret_key: str | None = None, connect_timeout: float = 5.0,
-                 read_timeout: float = 60.0, max_attempts: int = 3) -> None:
+                 secret_key: str | None = None, connect_timeout: float = CONNECT_SECONDS,
+                 read_timeout: float = BASE_SECONDS, max_attempts: int = 3) -> None:
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         settings = botocore.session.Session()  # (its settings are read by _Lean too)
@@ -276,18 +286,32 @@ class S3ObjectStore:
         region = region or session.region_name or ("us-east-1" if endpoint_url else None)
         self.region = region
         self._where = endpoint_url or f"AWS S3 ({region or 'default region'})"
-        self._client = session.client(
-            "s3",
-            endpoint_url=endpoint_url,
-            region_name=region,
-            config=_client_config(endpoint_url, max_pool, connect_timeout, read_timeout),
-        )
+        self.timeouts = RequestTimeouts(connect=connect_timeout, base=read_timeout)
+
+        def client(read_timeout: float) -> Any:
+            return session.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                  config=_client_config(endpoint_url, max_pool,
+                                                        connect_timeout, read_timeout))
+
+        self._new_client = client
+        self._client = client(read_timeout)
+        self._clients: dict[float, Any] = {read_timeout: self._client}
+        self._clients_lock = threading.Lock()
         self._lean = _Lean(session, settings, self._client, bucket, region, max_pool,
-                           connect_timeout, read_timeout)
+                           self.timeouts)
         self.max_attempts = max(1, max_attempts)  # per call, transient failures (`retry`)
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
+
+    def _botocore(self, seconds: float) -> Any:
+        """The botocore client for a request bounded by `seconds`: botocore's timeouts
+        are per client, so there is one per rung (base x 2^k), made when first needed."""
+        rung = self.timeouts.rung(seconds)
+        with self._clients_lock:  # (boto3 sessions may not make clients concurrently)
+            if rung not in self._clients:
+                self._clients[rung] = self._new_client(rung)
+            return self._clients[rung]
 
     # ------------------------------------------------------------------ errors
 
@@ -333,8 +357,8 @@ class S3ObjectStore:
         if isinstance(exc, BodyLost):
             raise ObjectStoreError(f"S3 {op} on {where} failed: {exc}") from exc
         if isinstance(exc, ReadTimedOut | bce.ReadTimeoutError):
-            raise ObjectStoreError(
-                f"S3 {op} on {where} timed out waiting for {self._where}") from exc
+            raise RequestTimedOut(
+                f"S3 {op} on {where} timed out waiting for {self._where} ({exc})") from exc
         if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError
                       | bce.ConnectionClosedError | WireError):
             how = _CONNECT_FAILURES.get(type(exc), "could not connect")
@@ -439,9 +463,11 @@ class S3ObjectStore:
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
                   body: bytes | PiecewiseBody, query: dict[str, str] | None = None) -> str:
-        """A PUT the lean path sends (an object, a part); returns the ETag."""
+        """A PUT the lean path sends (an object, a part), given time for its bytes;
+        returns the ETag."""
         with self._errors(op, key):
-            response = self._lean.send(op, "PUT", key, headers, body, query)
+            response = self._lean.send(op, "PUT", key, headers, body, query,
+                                       self.timeouts.transfer(len(body)))
             b"".join(read_body(response))
         return strip_etag(response.headers.get("ETag"))
 
@@ -464,7 +490,7 @@ class S3ObjectStore:
     def delete(self, key: str) -> None:
         try:
             with self._errors("DeleteObject", key):
-                self._client.delete_object(Bucket=self.bucket, Key=key)
+                self._botocore(self.timeouts.small()).delete_object(Bucket=self.bucket, Key=key)
         except NoSuchKey:
             pass
 
@@ -473,7 +499,7 @@ class S3ObjectStore:
         for i in range(0, len(keys), DELETE_BATCH):
             batch = keys[i:i + DELETE_BATCH]
             with self._errors("DeleteObjects", batch[0]):
-                resp = self._client.delete_objects(
+                resp = self._botocore(self.timeouts.delete_batch(len(batch))).delete_objects(
                     Bucket=self.bucket,
                     Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
                 )
@@ -497,7 +523,7 @@ class S3ObjectStore:
         if metadata is not None:
             kwargs = {"MetadataDirective": "REPLACE", "Metadata": dict(metadata)}
         with self._errors("CopyObject", dst):
-            resp = self._client.copy_object(
+            resp = self._botocore(self.timeouts.copy(info.size)).copy_object(
                 Bucket=self.bucket, Key=dst,
                 CopySource={"Bucket": self.bucket, "Key": src}, **kwargs)
         return strip_etag(resp.get("CopyObjectResult", {}).get("ETag"))
@@ -525,7 +551,7 @@ class S3ObjectStore:
     @retried
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
         with self._errors("CreateMultipartUpload", key):
-            resp = self._client.create_multipart_upload(
+            resp = self._botocore(self.timeouts.small()).create_multipart_upload(
                 Bucket=self.bucket, Key=key, Metadata=dict(metadata))
         return str(resp["UploadId"])
 
@@ -538,8 +564,9 @@ class S3ObjectStore:
             return self._lean_put("UploadPart", key, {}, body,  # type: ignore[arg-type]
                                   {"partNumber": str(part_number), "uploadId": upload_id})
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
+        size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
         with self._errors("UploadPart", key):
-            resp = self._client.upload_part(
+            resp = self._botocore(self.timeouts.transfer(size)).upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
                 Body=data)
         return strip_etag(resp.get("ETag"))
@@ -548,7 +575,7 @@ class S3ObjectStore:
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
                          src_key: str, start: int, end: int) -> str:
         with self._errors("UploadPartCopy", key):
-            resp = self._client.upload_part_copy(
+            resp = self._botocore(self.timeouts.copy(end - start)).upload_part_copy(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
                 CopySource={"Bucket": self.bucket, "Key": src_key},
                 CopySourceRange=f"bytes={start}-{end - 1}")
@@ -558,7 +585,7 @@ class S3ObjectStore:
     def complete_multipart(self, key: str, upload_id: str,
                            parts: list[tuple[int, str]]) -> str:
         with self._errors("CompleteMultipartUpload", key):
-            resp = self._client.complete_multipart_upload(
+            resp = self._botocore(self.timeouts.complete(len(parts))).complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id,
                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": quote_etag(etag)}
                                            for n, etag in parts]})
@@ -568,7 +595,7 @@ class S3ObjectStore:
     def abort_multipart(self, key: str, upload_id: str) -> None:
         try:
             with self._errors("AbortMultipartUpload", key):
-                self._client.abort_multipart_upload(
+                self._botocore(self.timeouts.small()).abort_multipart_upload(
                     Bucket=self.bucket, Key=key, UploadId=upload_id)
         except NoSuchUpload:
             pass
@@ -576,7 +603,7 @@ class S3ObjectStore:
     @retried
     def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         parts: dict[int, str] = {}
-        paginator = self._client.get_paginator("list_parts")
+        paginator = self._botocore(self.timeouts.small()).get_paginator("list_parts")
         with self._errors("ListParts", key):
             for page in paginator.paginate(Bucket=self.bucket, Key=key, UploadId=upload_id):
                 for part in page.get("Parts", []):
@@ -586,7 +613,8 @@ class S3ObjectStore:
     @retried
     def list_multipart_uploads(self, prefix: str) -> list[PendingUpload]:
         uploads: list[PendingUpload] = []
-        paginator = self._client.get_paginator("list_multipart_uploads")
+        paginator = self._botocore(self.timeouts.small()).get_paginator(
+            "list_multipart_uploads")
         with self._errors("ListMultipartUploads", prefix):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 uploads.extend(PendingUpload(key=u["Key"], upload_id=u["UploadId"])

@@ -117,18 +117,33 @@ class ConnectionLost(WireError):
     """The connection broke, or closed, before the whole answer arrived."""
 
 
+def _within(conn: http.client.HTTPConnection, deadline: float) -> None:
+    """Let the connection's next socket operations wait only until `deadline`."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    if conn.sock is not None:
+        conn.sock.settimeout(left)
+
+
 class WireResponse:
     """Status, headers and a body read in pieces; `release_conn` gives the connection
-    back to the pool once the body was read to its end, `close` drops it."""
+    back to the pool once the body was read to its end, `close` drops it. Reading the
+    body ends at the request's deadline, extended by `per_byte` for each byte of a body
+    whose length the headers give."""
 
     def __init__(self, pool: WirePool, conn: http.client.HTTPConnection,
-                 response: http.client.HTTPResponse, url: str) -> None:
+                 response: http.client.HTTPResponse, url: str, deadline: float,
+                 seconds: float, per_byte: float = 0.0) -> None:
         self._pool = pool
         self._conn: http.client.HTTPConnection | None = conn
         self._response = response
         self.status_code = response.status
         self.headers: Message = response.headers
         self.url = url
+        length = response.length or 0
+        self._deadline = deadline + length * per_byte
+        self._seconds = seconds + length * per_byte
 
     @property
     def raw(self) -> WireResponse:
@@ -137,10 +152,13 @@ class WireResponse:
 
     def read(self, amount: int | None = None) -> bytes:
         try:
+            if self._conn is not None:
+                _within(self._conn, self._deadline)
             return self._response.read(amount)
         except TimeoutError as exc:
             self.close()
-            raise ReadTimedOut(f"no data from {self.url} within the read timeout") from exc
+            raise ReadTimedOut(f"no complete answer from {self.url} within "
+                               f"{self._seconds:.3g} s") from exc
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise ConnectionLost(f"connection to {self.url} broke while reading the "
@@ -182,18 +200,25 @@ class WirePool:
         self._lock = threading.Lock()
 
     def request(self, method: str, target: str, headers: dict[str, str],
-                body: bytes | PiecewiseBody = b"") -> WireResponse:
+                body: bytes | PiecewiseBody = b"", *, timeout: float | None = None,
+                per_byte: float = 0.0) -> WireResponse:
         """Send one request (`target`: path and query, as signed) and read the status
         line and headers. A kept-alive connection that the server closed meanwhile is
         dropped and the request goes out on the next (at last a new one); every other
         failure raises a WireError. A
         PiecewiseBody goes out piece by piece as it yields them (sent again whole if the
-        request is)."""
+        request is). The whole request, its body sent and the answer's body read, must
+        be done within `timeout` seconds (the pool's read timeout if None), and
+        `per_byte` more for each byte of an answer's body of known length
+        (`timeouts`): otherwise ReadTimedOut (ConnectTimedOut while connecting)."""
+        seconds = self._read_timeout if timeout is None else timeout
+        deadline = time.monotonic() + seconds
         while True:
-            conn, reused = self._take()
+            conn, reused = self._take(deadline)
             try:
+                _within(conn, deadline)
                 try:
-                    self._send(conn, method, target, headers, body)
+                    self._send(conn, method, target, headers, body, deadline)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the server may have answered before it closed: read that (as
                     # urllib3 does), e.g. a refusal while a body was still on its way
@@ -207,18 +232,19 @@ class WirePool:
                                      f" ({type(exc).__name__})") from exc
             except TimeoutError as exc:
                 conn.close()
-                raise ReadTimedOut(f"no answer from {self.host} within the read timeout"
+                raise ReadTimedOut(f"no answer from {self.host} within {seconds:.3g} s"
                                    ) from exc
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 raise ConnectionLost(f"request to {self.host} failed ({type(exc).__name__}:"
                                      f" {exc})") from exc
-            return WireResponse(self, conn, response, target)
+            return WireResponse(self, conn, response, target, deadline, seconds, per_byte)
 
     @staticmethod
     def _send(conn: http.client.HTTPConnection, method: str, target: str,
-              headers: dict[str, str], body: bytes | PiecewiseBody) -> None:
-        if isinstance(body, bytes):
+              headers: dict[str, str], body: bytes | PiecewiseBody, deadline: float
+              ) -> None:
+        if isinstance(body, bytes):  # (sendall: the socket's timeout bounds all of it)
             conn.request(method, target, body if body or method in ("PUT", "POST") else None,
                          headers)
             return
@@ -228,37 +254,36 @@ class WirePool:
         conn.putheader("Content-Length", str(len(body)))
         conn.endheaders()
         for piece in body.pieces():
+            _within(conn, deadline)
             conn.send(piece)
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _take(self, deadline: float) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
-        return self._connect(), False
+        return self._connect(deadline), False
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self, deadline: float) -> http.client.HTTPConnection:
         host, port = self._address
         conn: http.client.HTTPConnection
+        wait = max(0.001, min(self._connect_timeout, deadline - time.monotonic()))
         if self._tls is not None:
-            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
-                                               context=self._tls)
+            conn = http.client.HTTPSConnection(host, port, timeout=wait, context=self._tls)
         else:
-            conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
+            conn = http.client.HTTPConnection(host, port, timeout=wait)
         try:
             conn.connect()
         except TimeoutError as exc:
             conn.close()
             raise ConnectTimedOut(f"could not connect to {self.host} within "
-                                  f"{self._connect_timeout:g} s") from exc
+                                  f"{wait:.3g} s") from exc
         except ssl.SSLCertVerificationError as exc:
             conn.close()
             raise CertificateRefused(exc.verify_message or str(exc)) from exc
         except OSError as exc:  # refused, unreachable, name unknown, TLS failed
             conn.close()
             raise ConnectFailed(f"could not connect to {self.host} ({exc})") from exc
-        assert conn.sock is not None
-        conn.sock.settimeout(self._read_timeout)  # (http.client set TCP_NODELAY)
-        return conn
+        return conn  # (http.client set TCP_NODELAY; `request` sets the timeouts)
 
     def give_back(self, conn: http.client.HTTPConnection) -> None:
         if conn.sock is None:  # the server asked to close it (Connection: close)
