@@ -245,7 +245,10 @@ class Daemon:
             except OSError as exc:
                 log.info("kernel read-ahead not tuned: %s", exc)
                 return
-            set_kernel_readahead(self.config.mountpoint, KERNEL_READ_AHEAD_KIB)
+            kib = KERNEL_READ_AHEAD_KIB
+            if isinstance(self.session, NativeSession):  # its requests may be larger
+                kib = max(kib, self.session.max_write // 1024)
+            set_kernel_readahead(self.config.mountpoint, kib)
 
         await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 

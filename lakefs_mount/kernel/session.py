@@ -25,7 +25,9 @@ from lakefs_mount.kernel.ops import KernelOps, Reply
 
 log = logging.getLogger(__name__)
 
-MAX_PAGES = 256  # 1 MiB requests: the kernel's default fs.fuse.max_pages_limit
+# 4 MiB requests where fs.fuse.max_pages_limit allows them (root may raise it; its
+# default, 256, gives 1 MiB): read at start, it sizes the request buffers
+MAX_PAGES = 1024
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
@@ -77,7 +79,8 @@ class NativeSession:
         self.probe_dir = probe_dir
         self.fd = -1
         self._fd_lock = threading.Lock()
-        self.max_write = MAX_PAGES * mmap.PAGESIZE
+        self.max_pages = min(MAX_PAGES, device.max_pages_limit())
+        self.max_write = self.max_pages * mmap.PAGESIZE
         self.passthrough = False
         self.passthrough_reason = "not negotiated yet"
         self.proto_minor = 0
@@ -266,12 +269,10 @@ class NativeSession:
         granted = wanted & offered
         if not granted & wire.PASSTHROUGH:
             self.passthrough_reason = "the kernel does not offer FUSE passthrough"
-        max_pages = min(MAX_PAGES, device.max_pages_limit())
-        self.max_write = max_pages * mmap.PAGESIZE
         stack_depth = 1 if granted & wire.PASSTHROUGH else 0
         self.reply(req.unique, [wire.INIT_OUT.pack(
             wire.KERNEL_MAJOR, self.proto_minor, max_readahead, granted & 0xFFFFFFFF, 0, 0,
-            self.max_write, 1, max_pages, 0, granted >> 32, stack_depth, 0)])
+            self.max_write, 1, self.max_pages, 0, granted >> 32, stack_depth, 0)])
         if granted & wire.PASSTHROUGH:
             self._probe_passthrough()
         log.info("native FUSE session: protocol 7.%d, %d KiB requests, passthrough %s",
