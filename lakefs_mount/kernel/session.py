@@ -25,9 +25,10 @@ from lakefs_mount.kernel.ops import KernelOps, Reply
 
 log = logging.getLogger(__name__)
 
-# 4 MiB requests where fs.fuse.max_pages_limit allows them (root may raise it; its
-# default, 256, gives 1 MiB): read at start, it sizes the request buffers
-MAX_PAGES = 1024
+# 1 MiB requests (capped by fs.fuse.max_pages_limit, read at start; it sizes the request
+# buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
+# (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/request_size.py measures it).
+MAX_PAGES = 256
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
