@@ -204,7 +204,7 @@ class Pyfuse3Session:
             self.options.add("ro")
         self.fs = fs
         self.mountpoint = mountpoint
-        self._open = threading.Lock()  # held while an invalidation uses the session
+        self._in_use = threading.Lock()  # held while an invalidation uses the session
         self._closed = False
 
     async def mount(self) -> None:
@@ -218,22 +218,22 @@ class Pyfuse3Session:
 
     def close(self, unmount: bool) -> None:
         # an invalidation being sent uses the libfuse session that close frees
-        held = self._open.acquire(timeout=CLOSE_WAIT_SECONDS)
+        held = self._in_use.acquire(timeout=CLOSE_WAIT_SECONDS)
         if not held:
             log.warning("closing the FUSE session while the kernel holds an invalidation")
         self._closed = True
         if held:
-            self._open.release()
+            self._in_use.release()
         pyfuse3.close(unmount=unmount)
 
     def invalidate_inode(self, ino: int) -> None:
         """Blocking (`KernelCaches`): the kernel drops the attributes and pages of `ino`."""
-        with self._open:
+        with self._in_use:
             if not self._closed:
                 pyfuse3.invalidate_inode(ino)
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         """Blocking (`KernelCaches`): the kernel forgets the name `name` in `parent`."""
-        with self._open:
+        with self._in_use:
             if not self._closed:
                 pyfuse3.invalidate_entry(parent, name)
