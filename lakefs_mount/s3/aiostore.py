@@ -42,28 +42,25 @@ class AsyncStore:
         self._limiter = trio.CapacityLimiter(max_threads)
         self._retry_now = trio.Event()
 
-    async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0,
-                    abandon: bool = False) -> T:
+    async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0) -> T:
         def attempt() -> T:
             with stretched(stretch):
                 return fn(*args)
 
         return await trio.to_thread.run_sync(attempt, limiter=self._limiter,
-                                             abandon_on_cancel=abandon)
+                                             abandon_on_cancel=False)
 
-    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None,
-                   abandon: bool = False) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a
         connection refused), QUICK_ATTEMPTS times: lookups and namespace changes."""
         if what is None:
             what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *args[:1]))
         return await self.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS,
-                                   transient_only=True, abandon=abandon)
+                                   transient_only=True)
 
     async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
                        on_error: Callable[[Exception], None] | None = None,
-                       max_attempts: float = math.inf, transient_only: bool = False,
-                       abandon: bool = False) -> T:
+                       max_attempts: float = math.inf, transient_only: bool = False) -> T:
         """Retry with exponential backoff (`retry.delay_after`) until it works, or until
         `max_attempts`; with `transient_only`, a failure that is not transient ends it.
 
@@ -77,8 +74,7 @@ class AsyncStore:
         while True:
             attempt += 1
             try:
-                return await self._once(fn, *args, stretch=stretch_after(timeouts),
-                                        abandon=abandon)
+                return await self._once(fn, *args, stretch=stretch_after(timeouts))
             except PERMANENT:
                 raise
             except (ObjectStoreError, OSError) as exc:
@@ -108,13 +104,11 @@ class AsyncStore:
 
     async def head(self, key: str) -> ObjectInfo | None:
         self.metrics[m.HEADS] += 1
-        # abandoned when cancelled: nothing waits on the thread, and an interrupted lookup
-        # (FUSE_INTERRUPT) returns at once instead of when S3 answers
-        return await self.call(self.sync.head, key, abandon=True)
+        return await self.call(self.sync.head, key)
 
     async def list_dir(self, prefix: str) -> Listing:
         self.metrics[m.LISTS] += 1
-        return await self.call(self.sync.list_dir, prefix, abandon=True)
+        return await self.call(self.sync.list_dir, prefix)
 
     async def list_recursive(self, prefix: str) -> list[ObjectInfo]:
         def collect() -> list[ObjectInfo]:
