@@ -156,7 +156,7 @@ class Daemon:
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
-                                         rebase=lambda src, dst: ns.rebase(src, dst))
+                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags))
             replayed = await names.load()
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)

@@ -80,13 +80,16 @@ class NameLog:
     """The namespace changes not yet in S3, their order, and the task that applies them."""
 
     def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics, *,
-                 dir_attrs: DirAttrs | None, rebase: Callable[[str, str], None]) -> None:
+                 dir_attrs: DirAttrs | None,
+                 rebase: Callable[[str, str, dict[str, str]], None]) -> None:
         self.store = store
         self.journal = journal
         self.metrics = metrics
         self.dir_attrs = dir_attrs
         # A move's copy is in S3: files whose unchanged bytes were at `src` now find them
-        # at `dst` (their journal rows change in the same transaction as the step).
+        # at `dst` (their journal rows change in the same transaction as the step), whose
+        # ETag the copy gave (a copy of a multipart object gets a new one: a listing must
+        # not take it for a change made elsewhere).
         self.rebase = rebase
         self.ops: list[NameOp] = []  # pending, in the order they were made
         self._creating: Counter[str] = Counter()  # keys a pending op makes (dir, move dst)
@@ -286,6 +289,8 @@ class NameLog:
         if self.dir_attrs is not None:  # (again after a crash: the keys it copies are PUTs)
             old_attrs, _ = await self.dir_attrs.copy_tree(src, dst, st)
 
+        etags: dict[str, str] = {}
+
         async def copy(key: str) -> None:
             moved = dst + key[len(src):]
             if key.endswith("/"):  # a marker: SeaweedFS cannot CopyObject a key ending in
@@ -294,7 +299,8 @@ class NameLog:
                 await self._s3(f"PUT {moved}", sync.put, moved, b"", meta)
             else:
                 self.metrics[m.SERVER_SIDE_COPIES] += 1
-                await self._s3(f"CopyObject {key} -> {moved}", sync.copy, key, moved, None)
+                etags[moved] = str(await self._s3(f"CopyObject {key} -> {moved}", sync.copy,
+                                                  key, moved, None))
 
         async def delete(key: str) -> None:
             self.metrics[m.DELETES] += 1
@@ -304,7 +310,7 @@ class NameLog:
             await self._each(copy, [o.key for o in objects])
             await self.journal(self.journal.sync.name_op_copied, row.seq, src, dst)
             row.step = 1
-            self.rebase(src, dst)
+            self.rebase(src, dst, etags)
         keys = [o.key for o in objects]
         await self._each(delete, [k for k in keys if not k.endswith("/")] + old_attrs)
         for folders in _folders(src, keys):
@@ -339,15 +345,15 @@ class NameLog:
             if row.step == 0:
                 try:
                     self.metrics[m.SERVER_SIDE_COPIES] += 1
-                    await self._s3(f"CopyObject {row.key} -> {row.dst}", sync.copy,
-                                   row.key, row.dst, None)
+                    etag = await self._s3(f"CopyObject {row.key} -> {row.dst}", sync.copy,
+                                          row.key, row.dst, None)
                 except NoSuchKey:  # deleted behind the mount's back: nothing to move
                     log.error("rename %s -> %s: the object is gone from S3", row.key, row.dst)
                     return
                 await self.journal(self.journal.sync.name_op_copied, row.seq, row.key,
                                    row.dst)
                 row.step = 1
-                self.rebase(row.key, row.dst)
+                self.rebase(row.key, row.dst, {row.dst: str(etag)})
                 if HOLD_AFTER_COPY:
                     await trio.sleep_forever()
             await self._s3(f"DELETE {row.key}", sync.delete, row.key)

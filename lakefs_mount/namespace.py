@@ -604,10 +604,11 @@ class Namespace:
             cf.mode = stat.S_IFLNK | 0o777
         inode.kind = kind_of(cf)
 
-    def rebase(self, src: str, dst: str) -> None:
+    def rebase(self, src: str, dst: str, etags: dict[str, str]) -> None:
         """An object moved in S3 (a written-back rename; every object below `src` for a
         directory's "prefix/"): files that read their unchanged bytes from `src` find them
-        at `dst`."""
+        at `dst`, with the ETag the copy gave them (`etags`, by new key), so that the next
+        listing does not take the copy for a change made elsewhere."""
         for inode in self.inodes.values():
             cf = inode.file
             if cf is None or cf.base_key is None:
@@ -616,6 +617,10 @@ class Namespace:
                 cf.base_key = dst
             elif src.endswith("/") and cf.base_key.startswith(src):
                 cf.base_key = dst + cf.base_key[len(src):]
+            else:
+                continue
+            if cf.base_key in etags:
+                cf.base_etag = etags[cf.base_key]
 
     def attach_path(self, path: str, file: CachedFile) -> Inode:
         """Place a recovered file at its path, creating directories only known locally."""

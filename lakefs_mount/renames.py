@@ -37,9 +37,10 @@ class Renames:
 
     async def _abandon_upload(self, cf: CachedFile) -> None:
         """An upload open at the old key: aborted, so its parts go again, to the new key,
-        from the cache. Where S3 cannot take the abort now, the upload stays, and its
-        commit completes it at the old key and moves the object (Flusher._commit)."""
-        if cf.upload_id is None:
+        from the cache. Where S3 cannot take the abort now, or was slow a moment ago (a
+        rename must not wait for it), the upload stays, and its commit completes it at
+        the old key and moves the object (Flusher._commit)."""
+        if cf.upload_id is None or self.ns.s3_slow():
             return
         try:
             async with s3_errors(f"aborting the upload of {cf.key}"):

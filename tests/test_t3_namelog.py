@@ -18,11 +18,12 @@ from lakefs_mount.s3.aiostore import AsyncStore
 ATTRS = json.dumps({"mode": 0o40755, "uid": 0, "gid": 0, "mtime_ns": 1, "replace": False})
 
 
-def make_log(tmp_path: Path, store: MemoryObjectStore) -> tuple[NameLog, list[tuple[str, str]]]:
-    rebased: list[tuple[str, str]] = []
+def make_log(tmp_path: Path, store: MemoryObjectStore
+             ) -> tuple[NameLog, list[tuple[str, str, list[str]]]]:
+    rebased: list[tuple[str, str, list[str]]] = []
     names = NameLog(AsyncStore(store, m.Metrics()), AsyncJournal(Journal(tmp_path / "j.db")),
                     m.Metrics(), dir_attrs=None,
-                    rebase=lambda src, dst: rebased.append((src, dst)))
+                    rebase=lambda src, dst, etags: rebased.append((src, dst, sorted(etags))))
     return names, rebased
 
 
@@ -48,7 +49,7 @@ def test_changes_of_one_key_apply_in_order_and_the_log_drains(tmp_path):
             await names.drain()
             nursery.cancel_scope.cancel()
         assert set(store.objects) == set()
-        assert rebased == [("f", "g")]
+        assert rebased == [("f", "g", ["g"])]
         assert names.status() == {"name_changes_pending": 0, "name_changes_error": None}
 
     trio.run(body)
@@ -93,7 +94,7 @@ def test_a_directory_moves_with_everything_below_it_and_its_files_rebase(tmp_pat
             await nursery.start(names.run)
             await names.drain()
             nursery.cancel_scope.cancel()
-        assert rebased == [("a/", "b/")]
+        assert rebased == [("a/", "b/", ["b/s/y", "b/x"])]
         assert not names.creating("b/s/y")
 
     trio.run(body)

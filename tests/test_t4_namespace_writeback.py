@@ -222,3 +222,4 @@ def test_an_unlink_does_not_wait_for_a_commit_stuck_in_a_black_hole(mount_factor
     fault_proxy.hang = False
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {"warm": b"x", "f": b"new"}
+
