@@ -28,6 +28,7 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.flusher import ERRORS_BEFORE_FLUSH_FAILS, FlushFailed
 from lakefs_mount.cache.journal import AsyncJournal, NameOpRow
+from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs, DirStat
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
@@ -258,17 +259,7 @@ class NameLog:
         return await self.store.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS)
 
     async def _each(self, fn: Callable[[str], Awaitable[object]], keys: list[str]) -> None:
-        """`fn` on every key, bounded, in parallel; the first failure fails all."""
-        async def one(key: str) -> None:
-            async with self._copy_limiter:
-                await fn(key)
-
-        try:
-            async with trio.open_nursery() as nursery:
-                for key in keys:
-                    nursery.start_soon(one, key)
-        except ExceptionGroup as group:
-            raise group.exceptions[0] from group
+        await each_bounded(fn, keys, self._copy_limiter)
 
     async def _move_dir(self, row: NameOpRow) -> None:
         """Every object below `key` to the same place below `dst`: the directories'

@@ -20,6 +20,7 @@ import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
 from lakefs_mount.namelog import NameLog
@@ -490,18 +491,7 @@ class Namespace:
         todo = await self._apply_index(dir_inode)
         if not todo:
             return
-        limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
-
-        async def head(inode: Inode) -> None:
-            async with limiter:
-                await self.ensure_headed(inode)
-
-        try:
-            async with trio.open_nursery() as nursery:
-                for inode in todo:
-                    nursery.start_soon(head, inode)
-        except ExceptionGroup as group:
-            raise group.exceptions[0] from group
+        await each_bounded(self.ensure_headed, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
         """Stored attributes of subdirectories (see dirattrs). One that S3 cannot tell
