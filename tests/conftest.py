@@ -9,6 +9,7 @@ Fixtures:
                   `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
   mount_factory   (function) makes started `mounting.Mount`s of `bucket`; cleans them up.
   mount           (function) one started Mount of `bucket`.
+  reliability     (function) records a fault scenario's measured row (tests/reliability.py).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
 from mounting import Mount
+from reliability import RESULTS_ENV, Row, append
 
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.objectstore import ObjectStoreError
@@ -150,3 +152,18 @@ def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
 def mount(mount_factory) -> Mount:
     """A started mount of this test's bucket (whole bucket, default options)."""
     return mount_factory()
+
+
+@pytest.fixture
+def reliability(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Callable[[Row], None]:
+    """`reliability(Row(...))` appends a scenario's result to $LAKEFS_MOUNT_RELIABILITY
+    (default: pytest's temporary directory), from which docs/reliability.md is made."""
+    path = Path(os.environ.get(RESULTS_ENV) or
+                tmp_path_factory.getbasetemp() / "reliability.jsonl")
+
+    def record(row: Row) -> None:
+        row.test = row.test or request.node.nodeid
+        append(path, row)
+
+    return record

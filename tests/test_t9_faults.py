@@ -1,0 +1,506 @@
+"""Issue 29's fault suite: crashes, outages and interrupted commands against a real mount.
+
+Every scenario runs with a fixed seed and bounded waits, through a real FUSE mount (the
+native session), the real SeaweedFS and the fault proxy, and ends by comparing S3 with
+what the application was told: a file is acknowledged once its `fsync()` or `close()`
+returned (both survive a crash of the daemon, docs/durability.md), and every acknowledged
+file must be byte-identical in S3 after a flush. Each test records its measured result
+for docs/reliability.md (tests/reliability.py).
+
+Scenarios with tests elsewhere are not repeated here: kill -9 with S3 down and a resumed
+multipart upload (test_t4_durability), lost and damaged journals (same), full cache disks
+(test_t4_cache_full), 503 SlowDown (test_t5_mount_errors), black-holed requests
+(test_t5_s3_black_hole), namespace changes through an outage and kill -9
+(test_t4_namespace_writeback), bad input (test_t5_cli_errors, test_t5_mount_errors),
+other users (test_t4_permissions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from faultproxy import FaultProxy
+from mounting import CLI, Mount, _wait_gone
+from reliability import Row
+
+from lakefs_mount.mountpoint import is_mounted
+
+MiB = 1024 * 1024
+SEED = 29
+pytestmark = pytest.mark.parametrize("fuse_session", ["native"], indirect=True)
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a file should hold, without keeping its bytes in memory."""
+
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, data: bytes) -> Content:
+        return cls(len(data), hashlib.sha256(data).hexdigest())
+
+
+def s3_content(s3, key: str) -> Content | None:
+    """Size and digest of the object `key`, read in 64 MiB ranges; None if absent."""
+    info = s3.head(key)
+    if info is None:
+        return None
+    digest = hashlib.sha256()
+    for start in range(0, info.size, 64 * MiB):
+        digest.update(s3.get_range(key, start, min(info.size, start + 64 * MiB)))
+    return Content(info.size, digest.hexdigest())
+
+
+def compare(s3, expected: dict[str, Content]) -> tuple[list[str], list[str]]:
+    """(lost, corrupt): acknowledged keys missing from S3, and those holding other bytes."""
+    lost, corrupt = [], []
+    for key, want in sorted(expected.items()):
+        got = s3_content(s3, key)
+        if got is None:
+            lost.append(key)
+        elif got != want:
+            corrupt.append(key)
+    return lost, corrupt
+
+
+def wait_until(what: Callable[[], object], seconds: float, step: float = 0.1) -> object:
+    """The first truthy value of `what()` within `seconds`, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if got := what():
+            return got
+        time.sleep(step)
+    return None
+
+
+def no_uploads_left(s3, seconds: float = 30) -> list:
+    """Open multipart uploads still listed after `seconds` (aborts of unlinked files run
+    in the background, so they get a moment)."""
+    left: list = []
+
+    def none_left() -> bool:
+        nonlocal left
+        left = s3.list_multipart_uploads("")
+        return not left
+
+    wait_until(none_left, seconds, 0.5)
+    return left
+
+
+# ---------------------------------------------------------------------------- crash loop
+
+
+class Interrupted(Exception):
+    """The workload was told to stop in the middle of an operation."""
+
+
+@dataclass
+class Workload:
+    """A training job's file traffic, driven by one seeded RNG, and the model of what the
+    application was told: `acked` (path -> content of every file whose last write was
+    acknowledged), `deleted` (unlinks that returned). A file whose operation the crash cut
+    short leaves `acked` (any outcome is allowed); so does a renamed directory until the
+    next mount shows which side of the rename it is on (`moving`)."""
+
+    root: Path
+    seed: int
+    acked: dict[str, Content] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    moving: tuple[str, str, dict[str, Content]] | None = None
+    errors: list[tuple[float, str]] = field(default_factory=list)
+    ops: int = 0
+    fsynced: int = 0
+    closed_only: int = 0
+    renames: int = 0
+    bytes_written: int = 0
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def _name(self, stem: str) -> str:
+        self.counter += 1
+        return f"{stem}-{self.counter}"
+
+    def write(self, rel: str, stop: threading.Event, size: int | None = None,
+              sync: bool | None = None) -> None:
+        """Create or overwrite `rel` with random bytes in 1 MiB writes, then fsync or only
+        close: 1 KiB to 64 MiB, log-uniform (most files are small, a few are large)."""
+        size = size if size is not None else int(2 ** self.rng.uniform(10, 26))
+        sync = sync if sync is not None else self.rng.random() < 0.5
+        data = self.rng.randbytes(size)
+        self.acked.pop(rel, None)
+        self.deleted.discard(rel)
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for start in range(0, size, MiB):
+                if stop.is_set():
+                    raise Interrupted(rel)
+                os.write(fd, data[start:start + MiB])
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.acked[rel] = Content.of(data)
+        self.bytes_written += size
+        self.fsynced += sync
+        self.closed_only += not sync
+
+    def checkpoint(self, stop: threading.Event) -> None:
+        """Write 2-3 files into a temporary directory, then rename it into place."""
+        tmp, final = f"run/{self._name('tmp')}", f"run/{self._name('ckpt')}"
+        for shard in range(self.rng.randint(2, 3)):
+            self.write(f"{tmp}/shard-{shard}.bin", stop)
+        if stop.is_set():
+            raise Interrupted(tmp)
+        moved = {rel: self.acked.pop(rel) for rel in list(self.acked)
+                 if rel.startswith(tmp + "/")}
+        self.moving = (tmp, final, moved)
+        os.rename(self.root / tmp, self.root / final)
+        self.moving = None
+        self.acked.update({final + rel[len(tmp):]: c for rel, c in moved.items()})
+        self.renames += 1
+
+    def step(self, stop: threading.Event) -> None:
+        """One operation: a new file, an overwrite, a checkpoint or an unlink."""
+        existing = sorted(rel for rel in self.acked if rel.startswith("data/"))
+        pick = self.rng.random()
+        if pick < 0.2 and existing:
+            rel = self.rng.choice(existing)
+            self.acked.pop(rel)
+            os.unlink(self.root / rel)
+            self.deleted.add(rel)
+        elif pick < 0.45 and existing:
+            self.write(self.rng.choice(existing), stop)
+        elif pick < 0.65:
+            self.checkpoint(stop)
+        else:
+            self.write(f"data/{self.rng.randint(0, 3)}/{self._name('f')}.bin", stop)
+        self.ops += 1
+
+    def run(self, stop: threading.Event) -> None:
+        """Operations until one fails (the daemon died) or `stop` is set."""
+        while not stop.is_set():
+            try:
+                self.step(stop)
+            except Interrupted:
+                return
+            except OSError as exc:
+                self.errors.append((time.monotonic(), repr(exc)))
+                return
+
+    def settle(self) -> None:
+        """After a remount: a rename the crash cut short went one way or the other, never
+        half (one journal transaction); its files are acknowledged on that side."""
+        if self.moving is None:
+            return
+        tmp, final, moved = self.moving
+        there = [(self.root / side).is_dir() for side in (tmp, final)]
+        assert there.count(True) == 1, (tmp, final, there)
+        side = final if there[1] else tmp
+        self.acked.update({side + rel[len(tmp):]: c for rel, c in moved.items()})
+        self.moving = None
+
+
+ITERATIONS = 20
+RECOVERY_KILL_AT = 7  # this iteration's remount is killed while it uploads what it recovered
+
+
+def _kill_while_recovering(m: Mount, fault_proxy: FaultProxy) -> dict:
+    """Remount with S3 slowed to 2 MiB/s a connection, wait until recovered data is being
+    uploaded, kill -9 the daemon in the middle of it; returns its status at that moment."""
+    fault_proxy.bandwidth_bytes_per_s = 2 * MiB
+    m.start()
+
+    def uploading() -> dict | None:
+        status = m.status()
+        busy = status["uploads_in_flight"] or status["files_committing"]
+        return status if status["counters"].get("recovered_files") and busy else None
+
+    status = wait_until(uploading, 30)
+    assert status, m.log_tail()
+    m.kill9()
+    fault_proxy.bandwidth_bytes_per_s = None
+    return status  # type: ignore[return-value]
+
+
+def test_twenty_kill9_during_a_mixed_workload_lose_no_acknowledged_file(
+        mount_factory, s3, fault_proxy: FaultProxy, reliability) -> None:
+    """20 kill -9 of the daemon at random moments of a mixed workload (files of 1 KiB to
+    64 MiB, fsync'ed or only closed, overwrites, unlinks, checkpoints written into a
+    temporary directory and renamed), a remount after each, one kill in the middle of
+    recovery's uploads: after a flush every acknowledged file is byte-identical in S3,
+    no unlinked one is back, and no multipart upload is left open."""
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    work = Workload(m.path, SEED)
+    timing = random.Random(SEED + 1)
+    started = time.monotonic()
+    recovering: dict = {}
+    recovered = 0  # files the remounts found pending in the journal
+    for i in range(ITERATIONS):
+        if i == RECOVERY_KILL_AT:  # acknowledged before the crash, far from uploaded after
+            fault_proxy.bandwidth_bytes_per_s = 2 * MiB
+            work.write("recovery/big.bin", threading.Event(), size=40 * MiB, sync=True)
+        stop = threading.Event()
+        work.errors.clear()
+        worker = threading.Thread(target=work.run, args=(stop,), name=f"workload-{i}")
+        worker.start()
+        time.sleep(timing.uniform(0.2, 2.5))
+        killed_at = time.monotonic()
+        m.kill9()
+        stop.set()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), f"iteration {i}: the workload hangs on a dead mount"
+        before_kill = [err for at, err in work.errors if at < killed_at]
+        assert not before_kill, (i, before_kill, m.log_tail())
+        if i == RECOVERY_KILL_AT:
+            recovering = _kill_while_recovering(m, fault_proxy)
+        m.start()
+        recovered += m.counters().get("recovered_files", 0)
+        work.settle()
+    loop_s = time.monotonic() - started
+    flush_started = time.monotonic()
+    flushed = m.flush(timeout=300)
+    flush_s = time.monotonic() - flush_started
+    assert flushed.returncode == 0, flushed.stderr + m.log_tail()
+    lost, corrupt = compare(s3, work.acked)
+    back = sorted(rel for rel in work.deleted if rel not in work.acked and s3.head(rel))
+    left = no_uploads_left(s3)
+    reliability(Row(
+        scenario="crash loop: 20 x kill -9 during a mixed workload",
+        injects=f"kill -9 at random moments (seed {SEED}), one during recovery's uploads",
+        acknowledged=len(work.acked), lost=len(lost), corrupt=len(corrupt),
+        seconds=round(loop_s + flush_s, 1),
+        notes=f"{work.ops} operations, {work.fsynced} files fsync'ed and "
+              f"{work.closed_only} only closed ({work.bytes_written / MiB:.0f} MiB), "
+              f"{work.renames} directory renames, {len(work.deleted)} unlinks "
+              f"({len(back)} back in S3); {recovered} files recovered by the remounts; "
+              f"{len(left)} multipart uploads left; final "
+              f"flush {flush_s:.1f} s"))
+    assert not lost and not corrupt, (lost, corrupt)
+    assert not back, back
+    assert not left, left
+    assert recovering["files_pending"] >= 1, recovering
+    assert recovered >= ITERATIONS  # the kills did leave work for the next mount
+    assert work.ops >= 40 and work.renames >= 3 and work.fsynced and work.closed_only
+
+
+# ---------------------------------------------------------------------------- outage
+
+
+def write_files(root: Path, stem: str, count: int, size: int, rng: random.Random
+                ) -> dict[str, Content]:
+    """`count` files of `size` random bytes under root/stem, closed (not fsync'ed)."""
+    (root / stem).mkdir()
+    written = {}
+    for i in range(count):
+        data = rng.randbytes(size)
+        (root / stem / f"{i}.bin").write_bytes(data)
+        written[f"{stem}/{i}.bin"] = Content.of(data)
+    return written
+
+
+def set_outage(proxy: FaultProxy, kind: str, on: bool) -> None:
+    """S3 refusing connections (a restart) or a black hole (requests taken, never
+    answered: a stuck load balancer)."""
+    if kind == "refused":
+        proxy.fail = on
+    else:
+        proxy.hang = on
+
+
+OUTAGE_S = 20.0
+OUTAGE_FILES, OUTAGE_FILE_SIZE = 4, 64 * MiB
+OUTAGE_LINK = 8 * MiB  # bytes/s per connection, 8 uploads at a time: 256 MiB in ~4 s
+
+
+@pytest.mark.parametrize(("kind", "kill"), [("refused", False), ("black-hole", False),
+                                            ("black-hole", True)],
+                         ids=["refused", "black-hole", "black-hole-kill9"])
+def test_a_20_s_outage_while_flushing_256_mib_ends_with_every_byte_in_s3(
+        mount_factory, s3, fault_proxy: FaultProxy, reliability, kind: str,
+        kill: bool) -> None:
+    """S3 goes away for 20 s in the middle of a flush of 256 MiB. The flush waits and
+    exits 0 once S3 is back; with a kill -9 of the daemon during the outage the waiting
+    flush fails (never 0) and the next mount uploads the rest. Either way S3 ends up
+    byte-identical to what was written. The same flush without the outage is timed
+    first, on the same mount."""
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.bandwidth_bytes_per_s = OUTAGE_LINK  # a flush that takes a few seconds
+    rng = random.Random(SEED)
+    healthy = write_files(m.path, "healthy", OUTAGE_FILES, OUTAGE_FILE_SIZE, rng)
+    began = time.monotonic()
+    assert m.flush(timeout=300).returncode == 0
+    healthy_s = time.monotonic() - began
+    files = write_files(m.path, "outage", OUTAGE_FILES, OUTAGE_FILE_SIZE, rng)
+    uploaded = m.counters().get("bytes_uploaded", 0)
+    began = time.monotonic()
+    flush = subprocess.Popen([CLI, "flush", str(m.path)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: m.counters().get("bytes_uploaded", 0) >= uploaded + 16 * MiB,
+                          60), m.log_tail()
+        set_outage(fault_proxy, kind, True)
+        outage_began = time.monotonic()
+        if kill:
+            time.sleep(OUTAGE_S / 4)
+            m.kill9()
+            assert flush.wait(timeout=30) != 0  # its daemon died: the data is not in S3
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage_began)))
+        assert kill or flush.poll() is None, flush.communicate()  # it waits, does not fail
+        set_outage(fault_proxy, kind, False)
+        if kill:
+            m.start()
+            done = m.flush(timeout=300)
+            rc, err = done.returncode, done.stderr
+        else:
+            _, err = flush.communicate(timeout=300)
+            rc = flush.returncode
+        seconds = time.monotonic() - began
+    finally:
+        if flush.poll() is None:
+            flush.kill()
+        flush.communicate()
+    assert rc == 0, err + m.log_tail()
+    lost, corrupt = compare(s3, healthy | files)
+    left = no_uploads_left(s3)
+    what = "refused connections" if kind == "refused" else "black hole"
+    reliability(Row(
+        scenario=f"20 s outage while flushing 256 MiB ({what}"
+                 f"{', kill -9 during it' if kill else ''})",
+        injects=f"{what} for {OUTAGE_S:.0f} s after the first 16 MiB were uploaded"
+                + ("; kill -9 of the daemon 5 s in, remount after" if kill else ""),
+        acknowledged=len(files), lost=len(lost), corrupt=len(corrupt),
+        seconds=round(seconds, 1), healthy_s=round(healthy_s, 1),
+        notes=f"4 x 64 MiB closed files, S3 at {OUTAGE_LINK // MiB} MiB/s a connection; "
+              f"the flush exits 0 once S3 is back; "
+              f"{len(left)} multipart uploads left"))
+    assert not lost and not corrupt, (lost, corrupt)
+    assert not left, left
+
+
+# ---------------------------------------------------------------------------- signals
+
+
+COMMANDS = ("flush", "warmup", "unmount")
+TRIALS_PER_COMMAND = 10
+TRIAL_BYTES = 4 * MiB  # one PutObject or GET each, ~1 s through the throttled proxy
+
+
+@dataclass
+class Trials:
+    """Interrupted CLI commands and what came of them."""
+
+    runs: int = 0
+    zero: int = 0
+    false_zero: list[str] = field(default_factory=list)
+    early: int = 0
+    remounts: int = 0
+
+
+def _interrupt(args: list[str], sig: int, delay: float) -> subprocess.CompletedProcess:
+    """Run `lakefs-mount *args`, send it `sig` after `delay` seconds, wait for its end."""
+    proc = subprocess.Popen([CLI, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _usable_or_remounted(m: Mount, trials: Trials) -> None:
+    """After an interrupted command the mount still works; if an interrupted unmount
+    got as far as unmounting, the daemon exits by itself and a remount works."""
+    if not is_mounted(m.path):
+        assert m.pid is not None
+        _wait_gone(m.pid, timeout=60)
+        m.pid = None
+        m.start()
+        trials.remounts += 1
+    probe = m.path / "probe.txt"
+    probe.write_bytes(b"still here")
+    assert probe.read_bytes() == b"still here"
+    assert m.status()["pid"] == m.pid
+
+
+def test_interrupted_flush_warmup_and_unmount_never_exit_0_falsely(
+        mount_factory, s3, fault_proxy: FaultProxy, reliability) -> None:
+    """SIGINT or SIGTERM to `flush`, `warmup` and `unmount` at random moments (fixed
+    seed), a third of them within the first 50 ms: a command that exits 0 did its work
+    (the data is in S3, the files are cached, the mount is gone), one that does not may
+    not claim it, and the mount stays usable either way."""
+    rng = random.Random(SEED)
+    plan = []
+    for n in range(TRIALS_PER_COMMAND * len(COMMANDS)):
+        command = COMMANDS[n % len(COMMANDS)]
+        early = n % 3 == 0
+        plan.append((command, f"{command}-{n}/data.bin",
+                     rng.choice((signal.SIGINT, signal.SIGTERM)), early,
+                     rng.uniform(0, 0.05) if early else rng.uniform(0.05, 2.0),
+                     rng.randbytes(TRIAL_BYTES)))
+    for command, key, *_, data in plan:
+        if command == "warmup":
+            s3.put(key, data, {})  # in S3 before the mount, not cached: to be fetched
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.bandwidth_bytes_per_s = 4 * MiB  # per connection: ~1 s for a trial's bytes
+    trials = Trials()
+    written: dict[str, Content] = {}
+    began = time.monotonic()
+    for command, key, sig, early, delay, data in plan:
+        if command != "warmup":
+            (m.path / key).parent.mkdir()
+            (m.path / key).write_bytes(data)
+            written[key] = Content.of(data)
+        args = [command, str(m.path)] + ([key.split("/")[0]] if command != "unmount" else [])
+        proc = _interrupt(args, sig, delay)
+        trials.runs += 1
+        trials.early += early
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if proc.returncode == 0:
+            trials.zero += 1
+            claim = f"{command} after {delay * 1000:.0f} ms ({signal.Signals(sig).name})"
+            if command == "warmup":
+                gets = m.counters().get("gets", 0)
+                if (m.path / key).read_bytes() != data or m.counters().get("gets", 0) != gets:
+                    trials.false_zero.append(claim + ": not cached")
+            elif s3_content(s3, key) != written[key]:
+                trials.false_zero.append(claim + ": not in S3")
+            if command == "unmount" and is_mounted(m.path):
+                trials.false_zero.append(claim + ": still mounted")
+        _usable_or_remounted(m, trials)
+    fault_proxy.bandwidth_bytes_per_s = None
+    assert m.flush(timeout=120).returncode == 0
+    lost, corrupt = compare(s3, written)
+    reliability(Row(
+        scenario="SIGINT / SIGTERM to flush, warmup and unmount",
+        injects=f"{trials.runs} signals at random moments (seed {SEED}), {trials.early} "
+                f"within 50 ms of the start; S3 at 4 MiB/s a connection",
+        acknowledged=len(written), lost=len(lost), corrupt=len(corrupt),
+        seconds=round(time.monotonic() - began, 1),
+        notes=f"{trials.zero} exited 0 (work checked: done), "
+              f"{trials.runs - trials.zero} non-zero, {len(trials.false_zero)} false 0; "
+              f"{trials.remounts} remounts after an unmount got through"))
+    assert not trials.false_zero, trials.false_zero
+    assert not lost and not corrupt, (lost, corrupt)
+    assert 0 < trials.zero < trials.runs  # both outcomes were exercised
