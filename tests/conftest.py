@@ -9,7 +9,8 @@ Fixtures:
                   `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
   mount_factory   (function) makes started `mounting.Mount`s of `bucket`; cleans them up.
   mount           (function) one started Mount of `bucket`.
-  reliability     (function) records a fault scenario's measured row (tests/reliability.py).
+  reliability     (function) records a fault scenario's measured row; docs/reliability.md
+                  is rewritten from them at the end of the session (tests/reliability.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
 from mounting import Mount
-from reliability import RESULTS_ENV, Row, append
+from reliability import Row, document, stamp, update
 
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.objectstore import ObjectStoreError
@@ -154,16 +155,23 @@ def mount(mount_factory) -> Mount:
     return mount_factory()
 
 
+_recorded: list[Row] = []  # this session's rows, merged into the document at its end
+_measuring: set[str] = set()  # node ids of the tests that asked for `reliability`
+
+
 @pytest.fixture
-def reliability(request: pytest.FixtureRequest,
-                tmp_path_factory: pytest.TempPathFactory) -> Callable[[Row], None]:
-    """`reliability(Row(...))` appends a scenario's result to $LAKEFS_MOUNT_RELIABILITY
-    (default: pytest's temporary directory), from which docs/reliability.md is made."""
-    path = Path(os.environ.get(RESULTS_ENV) or
-                tmp_path_factory.getbasetemp() / "reliability.jsonl")
+def reliability(request: pytest.FixtureRequest) -> Callable[[Row], None]:
+    """`reliability(Row(...))` records a scenario's measured result; the session's rows
+    are merged into docs/reliability.md (or $LAKEFS_MOUNT_RELIABILITY) at its end."""
+    _measuring.add(request.node.nodeid)
 
     def record(row: Row) -> None:
         row.test = row.test or request.node.nodeid
-        append(path, row)
+        _recorded.append(stamp(row))
 
     return record
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _measuring:
+        update(document(), _recorded, _measuring)

@@ -8,7 +8,9 @@ resets new ones (an outage; the client's pooled keep-alive connections die too),
 server (a body cut short with a clean EOF, which only a length check can notice).
 `answer_with(status, code, count, methods)` answers the next `count` requests of those
 methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
-`parse_requests = True` (which reads requests one by one instead of pumping bytes).
+`parse_requests = True` (which reads requests one by one instead of pumping bytes);
+`answer_share(status, code, share, methods, seed)` answers that share of them (a storm),
+drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
@@ -17,6 +19,7 @@ connections it held, so their clients see an error, and new ones are served agai
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import struct
 import threading
@@ -48,6 +51,9 @@ class FaultProxy:
         self.parse_requests = False
         self.answered = 0  # requests answered with an injected error so far
         self._answers: list[tuple[int, str, frozenset[str]]] = []
+        self._storm: tuple[int, str, float, frozenset[str]] | None = None
+        self._storm_rng = random.Random(0)
+        self.requests_seen = 0  # requests read on parsed connections
         self._fail = False
         self._hang = False
         self._lock = threading.Lock()
@@ -148,11 +154,25 @@ class FaultProxy:
         with self._lock:
             self._answers.extend([(status, code, methods)] * count)
 
+    def answer_share(self, status: int, code: str, share: float,
+                     methods: frozenset[str] = frozenset({"PUT"}), seed: int = 0) -> None:
+        """From now on answer `share` (0..1) of the requests of `methods` with an S3 error,
+        each drawn from a Random(seed); 0 ends the storm."""
+        with self._lock:
+            self._storm = (status, code, share, methods) if share > 0 else None
+            self._storm_rng = random.Random(seed)
+
     def _injected(self, method: str) -> tuple[int, str] | None:
         with self._lock:
+            self.requests_seen += 1
             for i, (status, code, methods) in enumerate(self._answers):
                 if method in methods:
                     del self._answers[i]
+                    self.answered += 1
+                    return status, code
+            if self._storm is not None and method in self._storm[3]:
+                status, code, share, _ = self._storm
+                if self._storm_rng.random() < share:
                     self.answered += 1
                     return status, code
         return None

@@ -518,3 +518,73 @@ def test_interrupted_flush_warmup_and_unmount_never_exit_0_falsely(
     assert not lost and not corrupt, (lost, corrupt)
     assert 0 < trials.zero < trials.runs  # both outcomes were exercised
 
+
+# ---------------------------------------------------------------------------- 503 storm
+
+
+STORM_SHARE = 0.3
+_sizes = random.Random(SEED)
+STORM_SIZES = (*(int(2 ** _sizes.uniform(13, 22)) for _ in range(32)),  # 8 KiB-4 MiB
+               24 * MiB, 24 * MiB + 1, 40 * MiB, 64 * MiB)  # 3-8 parts each
+
+
+def _flush_until_done(m: Mount, attempts: int = 5) -> tuple[subprocess.CompletedProcess, int]:
+    """Flush; one that gives up because a file failed 5 times in a row (README) is run
+    again, up to `attempts` times. Returns the last result and how many gave up."""
+    gave_up = 0
+    for _ in range(attempts):
+        done = m.flush(timeout=300)
+        if done.returncode == 0 or "keeps failing" not in done.stderr:
+            break
+        gave_up += 1
+    return done, gave_up
+
+
+def test_a_30_percent_503_storm_on_uploads_lands_every_byte_and_shows_in_status(
+        mount_factory, s3, fault_proxy: FaultProxy, reliability) -> None:
+    """30 % of PutObject and UploadPart requests (seeded) are answered 503 SlowDown while
+    36 files of 8 KiB to 64 MiB (single PUTs and multipart uploads) are flushed: every byte
+    lands, no multipart upload is left, and status counts each 503 as an error and a
+    retry. The same files without the storm are timed first."""
+    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    rng = random.Random(SEED)
+    written: dict[str, Content] = {}
+
+    def write_round(stem: str) -> tuple[float, int]:
+        (m.path / stem).mkdir()
+        for i, size in enumerate(STORM_SIZES):
+            data = rng.randbytes(size)
+            (m.path / stem / f"{i}.bin").write_bytes(data)
+            written[f"{stem}/{i}.bin"] = Content.of(data)
+        began = time.monotonic()
+        done, gave_up = _flush_until_done(m)
+        assert done.returncode == 0, done.stderr + m.log_tail()
+        return time.monotonic() - began, gave_up
+
+    healthy_s, _ = write_round("healthy")
+    before = m.status()
+    fault_proxy.answer_share(503, "SlowDown", STORM_SHARE, frozenset({"PUT"}), seed=SEED)
+    seen = fault_proxy.requests_seen
+    storm_s, gave_up = write_round("storm")
+    fault_proxy.answer_share(503, "SlowDown", 0.0)
+    injected, requests = fault_proxy.answered, fault_proxy.requests_seen - seen
+    after = m.status()
+    lost, corrupt = compare(s3, written)
+    left = no_uploads_left(s3)
+    retries = after["retries"] - before["retries"]
+    errors = after["errors"] - before["errors"]
+    reliability(Row(
+        scenario="503 SlowDown storm on 30 % of uploads",
+        injects=f"503 SlowDown for 30 % of PutObject/UploadPart requests (seed {SEED})",
+        acknowledged=len(written), lost=len(lost), corrupt=len(corrupt),
+        seconds=round(storm_s, 1), healthy_s=round(healthy_s, 1),
+        notes=f"{len(STORM_SIZES)} files of 8 KiB-64 MiB, 8 MiB parts; {injected} of "
+              f"{requests} requests answered 503; status: {retries} retries, {errors} "
+              f"errors; {gave_up} flushes gave up ('keeps failing') before one exited 0; "
+              f"{len(left)} multipart uploads left"))
+    assert not lost and not corrupt, (lost, corrupt)
+    assert not left, left
+    assert injected >= 10, (injected, requests)  # the storm did hit
+    assert retries >= injected and errors >= injected, (injected, before, after)
+    assert m.log_tail(2000).count("SlowDown") >= injected
