@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from mounting import cli
+from reliability import Row
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
@@ -115,11 +116,13 @@ def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_fa
     assert path.read_bytes() == new
 
 
-def _crash_with_pending_files(m, fault_proxy) -> list[bytes]:
-    """Acknowledged (fsync'ed) files that never reached S3, then a kill -9."""
+def _crash_with_pending_files(m, fault_proxy, count: int = 3,
+                              rng: random.Random | None = None) -> list[bytes]:
+    """Acknowledged (fsync'ed) files ckpt/pending-<i>.bin that never reached S3, then a
+    kill -9: the journal alone knows them."""
     (m.path / "ckpt").mkdir()  # new: its names need no lookup in S3
     fault_proxy.fail = True
-    bodies = [random.randbytes(200_000 + i) for i in range(3)]
+    bodies = [(rng or random).randbytes(200_000 + i) for i in range(count)]
     for i, body in enumerate(bodies):
         _write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
     m.kill9()
@@ -128,7 +131,7 @@ def _crash_with_pending_files(m, fault_proxy) -> list[bytes]:
 
 
 def test_a_lost_journal_leaves_the_cached_bytes_aside_not_deleted(mount_factory, s3,
-                                                                   fault_proxy):
+                                                                   fault_proxy, reliability):
     """Issue 29 defect 2, D20: the journal is gone after a crash, so the next mount cannot
     tell what the cache files hold; it keeps them in orphans/ (not deleted), says so in
     the log and in status, and a clean unmount leaves them there."""
@@ -136,17 +139,28 @@ def test_a_lost_journal_leaves_the_cached_bytes_aside_not_deleted(mount_factory,
     bodies = _crash_with_pending_files(m, fault_proxy)
     for path in m.cache_dir.glob("journal.db*"):
         path.unlink()
+    began = time.monotonic()
     m.start()
+    mount_s = time.monotonic() - began
     orphans = m.cache_dir / "orphans"
     assert sorted(p.read_bytes() for p in orphans.iterdir()) == sorted(bodies)
     assert m.status()["orphans"] >= sum(map(len, bodies))
     assert "kept in" in m.log_tail(200)
     assert not any((m.path / "ckpt" / f"pending-{i}.bin").exists() for i in range(3))
     assert m.unmount().returncode == 0
-    assert sorted(p.read_bytes() for p in orphans.iterdir()) == sorted(bodies)
+    kept = sorted(p.read_bytes() for p in orphans.iterdir())
+    reliability(Row(
+        scenario="missing journal: journal.db* deleted after a crash, data/ kept",
+        injects="kill -9 with 3 fsync'ed files not in S3, then the journal files deleted",
+        acknowledged=len(bodies), lost=sum(body not in kept for body in bodies), corrupt=0,
+        seconds=round(mount_s, 1),
+        notes="mounted; the cache files are kept in orphans/ (log line, status 'orphans'), "
+              "also after a clean unmount; the files are not shown"))
+    assert kept == sorted(bodies)
 
 
-def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, fault_proxy):
+def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, fault_proxy,
+                                                              reliability):
     """Issue 29 defect 2: a journal SQLite cannot read is refused with a clear message;
     every cache file stays where it was."""
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
@@ -158,9 +172,20 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
     with open(m.cache_dir / "journal.db", "r+b") as journal:
         journal.seek(4096)
         journal.write(b"\xa5" * 4096)  # a page of a table
+    began = time.monotonic()
     proc = cli("mount", m.source, str(m.path), "--endpoint-url", m.endpoint_url,
                "--cache-dir", str(m.cache_dir), "--log-file", str(m.log_file))
+    after = sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir())
+    reliability(Row(
+        scenario="damaged journal: a page of journal.db overwritten",
+        injects="kill -9 with 3 fsync'ed files not in S3, WAL checkpointed, then 4 KiB of "
+                "0xa5 over a table page of journal.db",
+        acknowledged=len(data), lost=len(set(data) - set(after)), corrupt=0,
+        seconds=round(time.monotonic() - began, 1),
+        notes=f"refused with exit {proc.returncode}: "
+              f"'{proc.stderr.strip().replace(str(m.cache_dir), '<cache dir>')}'; "
+              f"data/ untouched"))
     assert proc.returncode != 0
     assert "journal" in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "sub-exception" not in proc.stderr
-    assert sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir()) == data
+    assert after == data

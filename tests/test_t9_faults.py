@@ -33,6 +33,7 @@ import pytest
 from faultproxy import FaultProxy
 from mounting import CLI, Mount, _wait_gone
 from reliability import Row
+from test_t4_durability import _crash_with_pending_files
 
 from lakefs_mount.mountpoint import is_mounted
 
@@ -588,3 +589,116 @@ def test_a_30_percent_503_storm_on_uploads_lands_every_byte_and_shows_in_status(
     assert injected >= 10, (injected, requests)  # the storm did hit
     assert retries >= injected and errors >= injected, (injected, before, after)
     assert m.log_tail(2000).count("SlowDown") >= injected
+
+
+# ---------------------------------------------------------------------------- journals
+
+
+def _crash_with_five_pending_files(m: Mount, fault_proxy: FaultProxy) -> dict[str, bytes]:
+    """Five fsync'ed files S3 never saw, then a kill -9 (test_t4_durability's helper)."""
+    bodies = _crash_with_pending_files(m, fault_proxy, 5, random.Random(SEED))
+    return {f"ckpt/pending-{i}.bin": body for i, body in enumerate(bodies)}
+
+
+def _damage_wal(cache_dir: Path, how: str) -> None:
+    """Cut journal.db-wal to half its length, or write 4 KiB of garbage in its middle."""
+    wal = cache_dir / "journal.db-wal"
+    size = wal.stat().st_size
+    assert size > 16 * 1024, size  # the crash left the rows in the WAL
+    if how == "wal-cut":
+        os.truncate(wal, size // 2)
+    else:
+        with open(wal, "r+b") as f:
+            f.seek(size // 2)
+            f.write(random.Random(SEED).randbytes(4096))
+
+
+def _mount_cli(m: Mount, bucket: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, "mount", f"s3://{bucket or m.bucket}", str(m.path), "--endpoint-url",
+         m.endpoint_url, "--cache-dir", str(m.cache_dir), "--log-file", str(m.log_file),
+         *m.options], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("how", ["wal-cut", "wal-garbage"])
+def test_a_damaged_journal_wal_never_costs_an_acknowledged_file(
+        mount_factory, s3, fault_proxy: FaultProxy, reliability, how: str) -> None:
+    """Issue 29 defect 2 as found: with journal.db-wal cut to half, or 4 KiB of garbage in
+    its middle, SQLite opens a shorter journal and the mount used to delete the cache
+    files it no longer named. Now either the mount is refused in one line and every cache
+    file stays, or it mounts and each acknowledged file is in S3 after a flush or its
+    bytes are kept in orphans/ (docs/durability.md D20): none is gone."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies = _crash_with_five_pending_files(m, fault_proxy)
+    data_before = sorted(p.read_bytes() for p in (m.cache_dir / "data").iterdir())
+    _damage_wal(m.cache_dir, how)
+    began = time.monotonic()
+    proc = _mount_cli(m)
+    assert "Traceback" not in proc.stderr and "sub-exception" not in proc.stderr, proc.stderr
+    if proc.returncode == 0:
+        m.pid = int(m.status()["pid"])
+        flushed = m.flush(timeout=120)
+        assert flushed.returncode == 0, flushed.stderr + m.log_tail()
+        orphans = m.cache_dir / "orphans"
+        kept = {p.read_bytes() for p in orphans.iterdir()} if orphans.is_dir() else set()
+        in_s3 = {rel for rel, body in bodies.items()
+                 if s3_content(s3, rel) == Content.of(body)}
+        aside = {rel for rel, body in bodies.items() if body in kept}
+        lost = sorted(set(bodies) - in_s3 - aside)
+        outcome = (f"mounted: {len(in_s3)} recovered into S3, {len(aside)} kept in orphans/ "
+                   f"(status orphans {m.status()['orphans']} B)")
+    else:
+        data_after = sorted(p.read_bytes() for p in (m.cache_dir / "data").iterdir())
+        lost = [] if data_after == data_before else ["data/ changed"]
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        outcome = f"refused (exit {proc.returncode}: {proc.stderr.strip()}); data/ untouched"
+    damage = "WAL cut to half" if how == "wal-cut" else "4 KiB of garbage in the WAL"
+    reliability(Row(
+        scenario=f"damaged journal: {damage}",
+        injects="kill -9 with 5 fsync'ed files not in S3, then "
+                + ("journal.db-wal truncated to half" if how == "wal-cut"
+                   else "4 KiB of random bytes written into the middle of journal.db-wal"),
+        acknowledged=len(bodies), lost=len(lost), corrupt=0,
+        seconds=round(time.monotonic() - began, 1), notes=outcome))
+    assert not lost, (lost, outcome, m.log_tail())
+
+
+def test_a_cache_dir_of_another_bucket_is_refused_and_its_pending_files_kept(
+        mount_factory, s3, s3_server, fault_proxy: FaultProxy, reliability) -> None:
+    """A cache directory whose journal belongs to another bucket (pending files of its
+    own) is refused with exit 1 (README) in one line naming the bucket it belongs to,
+    touches neither its data nor the other bucket, and its own bucket's next mount
+    uploads the pending files."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies = _crash_with_five_pending_files(m, fault_proxy)
+    data_before = sorted(p.read_bytes() for p in (m.cache_dir / "data").iterdir())
+    other = f"{m.bucket}-other"
+    s3_server.create_bucket(other)
+    began = time.monotonic()
+    try:
+        proc = _mount_cli(m, other)
+        other_keys = s3_server.store(other).list_multipart_uploads("")
+        other_head = s3_server.store(other).head("ckpt/pending-0.bin")
+    finally:
+        with contextlib.suppress(Exception):
+            s3_server.store(other).delete_bucket()
+    data_after = sorted(p.read_bytes() for p in (m.cache_dir / "data").iterdir())
+    m.start()
+    flushed = m.flush(timeout=120)
+    lost, corrupt = compare(s3, {rel: Content.of(body) for rel, body in bodies.items()})
+    reliability(Row(
+        scenario="foreign journal: a cache directory of another bucket",
+        injects="kill -9 with 5 fsync'ed files not in S3, then a mount of another bucket "
+                "with that cache directory",
+        acknowledged=len(bodies), lost=len(lost), corrupt=len(corrupt),
+        seconds=round(time.monotonic() - began, 1),
+        notes=f"refused with exit {proc.returncode}: "
+              f"'{proc.stderr.strip().replace(str(m.cache_dir), '<cache dir>')}'; the right "
+              f"bucket's next mount uploaded them (flush exit {flushed.returncode})"))
+    assert proc.returncode == 1, proc.stderr
+    assert "belongs to" in proc.stderr and m.bucket in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert data_after == data_before
+    assert other_head is None and not other_keys
+    assert flushed.returncode == 0, flushed.stderr
+    assert not lost and not corrupt, (lost, corrupt)
