@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import tlsproxy
+from faultproxy import FaultProxy
 from mounting import CLI, Mount, _wait_gone, cli
+from reliability import Row
 from tlsproxy import TlsProxy
 
 from lakefs_mount.mountpoint import is_mounted
@@ -511,3 +513,34 @@ def test_embedded_dir_in_use(tmp_path: Path) -> None:
         assert time.monotonic() - started < 2
     finally:
         owner._unlock_state_dir()
+
+
+@pytest.mark.parametrize("case", ["black-holed endpoint", "no credentials"])
+def test_a_mount_s3_cannot_answer_fails_in_bounded_time_in_one_line(
+        s3_auth_server: EmbeddedS3, tmp_path: Path, reliability, case: str) -> None:
+    """Issue 29's bad input: an endpoint that takes requests and never answers (a stuck
+    load balancer), and no credentials at all (none in the environment or in files).
+    Either mount fails within the start-up probe's bound, with one line that says why,
+    exit 1, and no mount or daemon left."""
+    bucket = f"auth-{uuid.uuid4().hex[:12]}"
+    s3_auth_server.create_bucket(bucket)
+    with FaultProxy("127.0.0.1", s3_auth_server.port) as proxy:
+        env: dict[str, str | None] = {"AWS_ACCESS_KEY_ID": s3_auth_server.access_key,
+                                      "AWS_SECRET_ACCESS_KEY": s3_auth_server.secret_key}
+        if case == "no credentials":
+            env = dict.fromkeys(env)
+        else:
+            proxy.hang = True
+        args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url", proxy.endpoint_url)
+        proc, took = run_cli(*args, env=env, timeout=180)
+    lines = proc.stderr.strip().splitlines()
+    reliability(Row(
+        scenario=f"bad input: mount with {case}",
+        injects="requests taken and never answered" if case != "no credentials"
+                else "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY unset, no config files",
+        acknowledged=0, lost=0, corrupt=0, seconds=round(took, 1),
+        notes=f"exit {proc.returncode}: '{proc.stderr.strip()}'"))
+    assert_clean_failure(proc, tmp_path / "mnt", "credentials" if case == "no credentials"
+                         else "answer")
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("lakefs-mount: ")
+    assert took < 60, took
