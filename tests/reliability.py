@@ -48,6 +48,7 @@ class Row:
     test: str = ""
     machine: dict[str, str] = field(default_factory=dict)
     at: str = ""
+    commit: str = ""
 
 
 def machine() -> dict[str, str]:
@@ -68,15 +69,22 @@ def stamp(row: Row) -> Row:
     """Fill in where and when `row` was measured."""
     row.machine = row.machine or machine()
     row.at = row.at or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    row.commit = row.commit or commit_of(Path(__file__).parent)
     return row
 
 
 def merge(old: list[Row], new: list[Row], ran: set[str]) -> list[Row]:
     """The rows of `new`, and those of `old` whose test did not run (`ran`: node ids);
-    one row per scenario, ordered by test, then as recorded."""
+    one row per scenario, the fault suite's (test_t9_*) first, then by test file, then
+    as recorded."""
     kept = [r for r in old if r.test not in ran and r.scenario not in {n.scenario for n in new}]
     order = {test: i for i, test in enumerate(dict.fromkeys(r.test for r in kept + new))}
-    rows = sorted(kept + new, key=lambda r: (r.test.split("::")[0], order[r.test]))
+
+    def place(row: Row) -> tuple[bool, str, int]:
+        file = row.test.split("::")[0]
+        return (not Path(file).name.startswith("test_t9_"), file, order[row.test])
+
+    rows = sorted(kept + new, key=place)
     latest: dict[str, Row] = {}
     for row in rows:
         latest[row.scenario] = row
@@ -91,13 +99,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render(rows: list[Row], commit: str) -> str:
+def render(rows: list[Row]) -> str:
     """docs/reliability.md: one table row per scenario, then the rows as JSON lines."""
     if not rows:
         raise ValueError("no results to render")
     machines = sorted({f"{m.get('cores')}-core {m.get('cpu')}, Linux {m.get('kernel')}, "
                        f"Python {m.get('python')}" for m in (r.machine for r in rows)})
     dates = sorted({r.at[:10] for r in rows})
+    commits = sorted({r.commit for r in rows if r.commit}) or ["unknown"]
     out = [
         "# Reliability: measured under injected faults",
         "",
@@ -111,20 +120,23 @@ def render(rows: list[Row], commit: str) -> str:
         "scenario says so, neither in S3 nor kept in the cache's `orphans/`), *corrupt* means",
         "S3 holds other bytes. Times are wall-clock seconds of the scenario; *healthy* is the",
         "same work without the fault where that comparison means something. Each row names",
-        "its test; every test asserts that nothing was lost or corrupt.",
+        "the test that measured it (under `tests/`); every one of them asserts that nothing",
+        "was lost or corrupt.",
         "",
-        f"Measured on {', '.join(dates)} ({'; '.join(machines)}), commit {commit}.",
+        f"Measured on {', '.join(dates)} ({'; '.join(machines)}), "
+        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)} ('+': with changes",
+        "not committed yet).",
         "",
-        "| Scenario | Injects | Acknowledged | Lost | Corrupt | Time (s) | Healthy (s) | Notes |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| Scenario | Injects | Acknowledged | Lost | Corrupt | Time (s) | Healthy (s) | Notes "
+        "| Test |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
+        test = r.test.removeprefix("tests/")
         out.append(f"| {_cell(r.scenario)} | {_cell(r.injects)} | {r.acknowledged} | "
                    f"{r.lost} | {r.corrupt} | {_seconds(r.seconds)} | "
-                   f"{_seconds(r.healthy_s)} | {_cell(r.notes)} |")
+                   f"{_seconds(r.healthy_s)} | {_cell(r.notes)} | `{_cell(test)}` |")
     out += [
-        "",
-        "Tests: " + ", ".join(f"`{t}`" for t in dict.fromkeys(r.test for r in rows if r.test)),
         "",
         "Any test run rewrites the rows of the tests it ran (root and /dev/fuse needed):",
         "",
@@ -169,7 +181,7 @@ def update(doc: Path, new: list[Row], ran: set[str]) -> None:
     rows = merge(read_rows(doc), new, ran)
     if not rows:
         return
-    text = render(rows, commit_of(Path(__file__).parent))
+    text = render(rows)
     tmp = doc.with_name(doc.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(doc)

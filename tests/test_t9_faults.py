@@ -1,18 +1,22 @@
-"""Issue 29's fault suite: crashes, outages and interrupted commands against a real mount.
+"""Issue 29's fault suite: crashes, outages, a 503 storm, damaged and foreign journals
+and interrupted commands against a real mount.
 
 Every scenario runs with a fixed seed and bounded waits, through a real FUSE mount (the
 native session), the real SeaweedFS and the fault proxy, and ends by comparing S3 with
 what the application was told: a file is acknowledged once its `fsync()` or `close()`
 returned (both survive a crash of the daemon, docs/durability.md), and every acknowledged
 file must be byte-identical in S3 after a flush. Each test records its measured result
-for docs/reliability.md (tests/reliability.py).
+for docs/reliability.md (tests/reliability.py), rewritten at the end of the test run.
 
-Scenarios with tests elsewhere are not repeated here: kill -9 with S3 down and a resumed
-multipart upload (test_t4_durability), lost and damaged journals (same), full cache disks
-(test_t4_cache_full), 503 SlowDown (test_t5_mount_errors), black-holed requests
-(test_t5_s3_black_hole), namespace changes through an outage and kill -9
-(test_t4_namespace_writeback), bad input (test_t5_cli_errors, test_t5_mount_errors),
-other users (test_t4_permissions).
+Scenarios with tests elsewhere are not repeated here; those record their rows where they
+are: full cache disks with 1, 4 and 8 writers (test_t4_cache_full), a lost journal and a
+damaged journal page (test_t4_durability), a black-holed or credential-less mount
+(test_t5_mount_errors), modes, secrets and other users (test_t4_permissions). Covered
+without a row: kill -9 with S3 down and a resumed multipart upload (test_t4_durability),
+counted 503s (test_t5_mount_errors), black-holed requests (test_t5_s3_black_hole),
+namespace changes through an outage and kill -9 (test_t4_namespace_writeback), the rest
+of the bad input (test_t5_cli_errors, test_t5_mount_errors, test_t2_mountpoint), names
+too long, files over 5 TiB, hard links (test_t4_posix) and xattrs (test_t4_semantics_doc).
 """
 
 from __future__ import annotations
