@@ -173,5 +173,9 @@ def reliability(request: pytest.FixtureRequest) -> Callable[[Row], None]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _measuring:
+    if not _measuring:
+        return
+    try:
         update(document(), _recorded, _measuring)
+    except OSError as exc:  # a read-only checkout: the run itself is not at fault
+        print(f"\nreliability: could not write {document()}: {exc}")

@@ -29,6 +29,21 @@ _ROWS_BEGIN = "<!-- rows (JSON lines, read back by tests/reliability.py)"
 _ROWS_END = "-->"
 
 
+COVERED_WITHOUT_A_ROW = [
+    "Issue 29's other faults and bad input are tested without a measured row: kill -9 with",
+    "S3 down and a resumed multipart upload (`test_t4_durability.py`), each 503 counted in",
+    "`status` and the log (`test_t5_mount_errors.py`), black-holed requests and listings",
+    "(`test_t5_s3_black_hole.py`), namespace changes through an outage and kill -9",
+    "(`test_t4_namespace_writeback.py`), an interrupted warm-up that stops fetching",
+    "(`test_t4_warmup.py`), wrong credentials, a missing bucket, an unreachable endpoint,",
+    "invalid sources, bad mount points and cache directories, a mount point held by a live",
+    "daemon (`test_t5_mount_errors.py`, `test_t5_cli_errors.py`, `test_t2_mountpoint.py`),",
+    "names too long, files over 5 TiB (EFBIG), hard links (`test_t4_posix.py`), xattrs",
+    "(`test_t4_semantics_doc.py`), and other users with `--allow-other`",
+    "(`test_t4_permissions.py`).",
+]
+
+
 @dataclass
 class Row:
     """One scenario as measured: what was done to the mount and what came out of it.
@@ -124,8 +139,9 @@ def render(rows: list[Row]) -> str:
         "was lost or corrupt.",
         "",
         f"Measured on {', '.join(dates)} ({'; '.join(machines)}), "
-        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)} ('+': with changes",
-        "not committed yet).",
+        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}"
+        + (" ('+': with changes not committed yet)." if any(c.endswith("+") for c in commits)
+           else "."),
         "",
         "| Scenario | Injects | Acknowledged | Lost | Corrupt | Time (s) | Healthy (s) | Notes "
         "| Test |",
@@ -137,6 +153,8 @@ def render(rows: list[Row]) -> str:
                    f"{r.lost} | {r.corrupt} | {_seconds(r.seconds)} | "
                    f"{_seconds(r.healthy_s)} | {_cell(r.notes)} | `{_cell(test)}` |")
     out += [
+        "",
+        *COVERED_WITHOUT_A_ROW,
         "",
         "Any test run rewrites the rows of the tests it ran (root and /dev/fuse needed):",
         "",
