@@ -17,6 +17,7 @@ from pathlib import Path
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.journal import AsyncJournal, WarmFile
+from lakefs_mount.config import orphans_dir
 from lakefs_mount.s3.layout import PartMap
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,12 @@ class WarmCache:
                 path.unlink(missing_ok=True)  # not ours, or nothing in it (all evicted)
                 continue
             aside += path.stat().st_size
-            put_aside(path, orphans_dir(data_dir))
+            put_aside(path, orphans_dir(data_dir.parent))
         if aside:
             log.warning("%s: cache files the journal does not name (after a crash, or a "
                         "damaged or lost journal), %d bytes, kept in %s: check them and "
                         "delete them when they are not needed", data_dir.parent, aside,
-                        orphans_dir(data_dir))
+                        orphans_dir(data_dir.parent))
         for entry in self.entries.values():
             self.budget.added(self._bytes(entry))
         for key in sorted(self.entries, key=lambda k: self.entries[k].fid):
@@ -84,10 +85,6 @@ class WarmCache:
         if entry.etag != cf.base_etag or entry.size != cf.base_size or cf.fid is not None:
             return None, entry  # changed in S3 since: the caller drops it
         return entry, None
-
-
-def orphans_dir(data_dir: Path) -> Path:
-    return data_dir.parent / "orphans"
 
 
 def put_aside(path: Path, orphans: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.config import MountConfig
+from lakefs_mount.config import MountConfig, human_bytes, orphans_dir
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report the mount
 
@@ -150,10 +150,27 @@ def _wait_ready(config: MountConfig, pid: int, read_fd: int) -> int:
     except ValueError:
         message = {"ok": False, "error": f"garbled report from the daemon: {buf[:200]!r}"}
     if message.get("ok"):
+        _tell_of_orphans(config)
         return 0
     click.echo(f"{PROG}: {message.get('error') or 'mount failed'}", err=True)
     _reap(pid, 10.0)  # let it finish cleaning up so a retry finds the mount point free
     return 1
+
+
+def _tell_of_orphans(config: MountConfig) -> None:
+    """Cache files the mount kept aside because no journal names them (D20: a crash with a
+    lost or damaged journal) may be the only copy of written bytes: the one who mounts
+    hears of it, not only the log. Said at each mount until the folder is gone."""
+    orphans = orphans_dir(config.resolved_cache_dir())
+    try:
+        sizes = [p.stat().st_size for p in orphans.iterdir() if p.is_file()]
+    except OSError:
+        return
+    if sizes:
+        click.echo(f"{PROG}: mounted; {len(sizes)} cache file(s) ({human_bytes(sum(sizes))}) "
+                   f"that no journal names are kept in {orphans} (a crash with a lost or "
+                   f"damaged journal): they may hold the only copy of written data; check "
+                   f"them, copy what you need, then delete the folder", err=True)
 
 
 def _reap(pid: int, timeout: float) -> str:

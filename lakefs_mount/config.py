@@ -134,6 +134,11 @@ def human_bytes(n: float | None) -> str:
     return f"{value:.1f} TiB"
 
 
+def orphans_dir(cache_dir: Path) -> Path:
+    """Where a mount keeps the cache files its journal does not name (D20), beside data/."""
+    return cache_dir / "orphans"
+
+
 def default_log_file(mountpoint: Path) -> Path:
     """Where a daemonized mount logs unless --log-file says otherwise."""
     return _state_root() / "logs" / f"{mount_id(mountpoint)}.log"

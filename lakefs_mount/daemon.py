@@ -26,9 +26,13 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
-from lakefs_mount.cache.warm import orphans_dir
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
-from lakefs_mount.config import MountConfig, control_socket_path, default_embedded_dir
+from lakefs_mount.config import (
+    MountConfig,
+    control_socket_path,
+    default_embedded_dir,
+    orphans_dir,
+)
 from lakefs_mount.control import ControlError, first_cause, serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import parent_dir_key
@@ -289,7 +293,8 @@ class Daemon:
             "cache_size": self.config.cache_size,
             "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
             # cache files a crash or a damaged journal left unnamed (warm.py): None if none
-            "orphans": await trio.to_thread.run_sync(_disk_usage, orphans_dir(cache.data_dir)),
+            "orphans": await trio.to_thread.run_sync(_disk_usage,
+                                                        orphans_dir(cache.data_dir.parent)),
             "bytes_uploaded": self.metrics[m.BYTES_UPLOADED],
             "retries": self.metrics[m.RETRIES],
             "errors": self.metrics[m.ERRORS],

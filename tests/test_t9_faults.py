@@ -650,7 +650,11 @@ def test_a_damaged_journal_wal_never_costs_an_acknowledged_file(
         aside = {rel for rel, body in bodies.items() if body in kept}
         lost = sorted(set(bodies) - in_s3 - aside)
         outcome = (f"mounted: {len(in_s3)} recovered into S3, {len(aside)} kept in orphans/ "
-                   f"(status orphans {m.status()['orphans']} B)")
+                   f"(status orphans {m.status()['orphans']} B); the mount said "
+                   f"'{proc.stderr.strip().replace(str(m.cache_dir), '<cache dir>')}'")
+        if aside:  # the one who mounts hears of it, not only the log
+            assert "orphans" in proc.stderr and proc.stderr.startswith("lakefs-mount: "), \
+                proc.stderr
     else:
         data_after = sorted(p.read_bytes() for p in (m.cache_dir / "data").iterdir())
         lost = [] if data_after == data_before else ["data/ changed"]
