@@ -95,17 +95,24 @@ def test_writers_filling_the_cache_disk_at_once_all_reach_s3_up_to_their_enospc(
     several writers used to eat the journal's free-space reserve between them, SQLite hit
     the full disk first ('database or disk is full') and nothing could drain. The reserve
     is a file now; with 1, 4 or 8 writers the disk fills, each writer ends with ENOSPC
-    (or all its bytes), the flush exits 0 without anything freed by hand, and what each
-    writer was told it wrote is in S3; the mount then takes new files."""
+    (a late one already at its create), the flush exits 0 without anything freed by
+    hand, what each writer was told it wrote is in S3 and a file whose create failed is
+    not (defect 4); the mount then takes new files."""
     began = time.monotonic()
     with _cache_on_tmpfs(mount_factory, "256m", "--max-dirty", "64M") as m:
         rng = random.Random(29 + writers)
         blocks = {f"w{k}.bin": rng.randbytes(MiB) for k in range(writers)}
         written = dict.fromkeys(blocks, 0)
         errors: list[int] = []
+        refused: list[str] = []  # creates the full disk failed: never acknowledged
 
         def fill(name: str) -> None:
-            fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            except OSError as exc:
+                errors.append(exc.errno)
+                refused.append(name)
+                return
             try:
                 for _ in range(256):
                     written[name] += os.write(fd, blocks[name])
@@ -123,6 +130,7 @@ def test_writers_filling_the_cache_disk_at_once_all_reach_s3_up_to_their_enospc(
         corrupt = [name for name, n in kept.items() if name not in lost and (
             s3.head(name).size != n
             or s3.get_range(name, 0, n) != (blocks[name] * (n // MiB + 1))[:n])]
+        phantoms = [name for name in refused if s3.head(name) is not None]
         reliability(Row(
             scenario=f"full cache disk, {writers} writer{'s' if writers > 1 else ''} "
                      f"({fuse_session} session)",
@@ -131,11 +139,13 @@ def test_writers_filling_the_cache_disk_at_once_all_reach_s3_up_to_their_enospc(
             seconds=round(seconds, 1),
             notes=f"{sum(written.values()) / MiB:.0f} MiB acknowledged before ENOSPC "
                   f"(ENOSPC for {errors.count(errno.ENOSPC)} of {writers} writers, other "
-                  f"errors: {[e for e in errors if e != errno.ENOSPC]}); the flush exited "
+                  f"errors: {[e for e in errors if e != errno.ENOSPC]}; {len(refused)} creates "
+                  f"refused, {len(phantoms)} of them in S3 after); the flush exited "
                   f"{flushed.returncode} with nothing freed by hand, and the mount takes "
                   f"new files after it"))
         assert flushed.returncode == 0, flushed.stderr
         assert not lost and not corrupt, (lost, corrupt)
+        assert not phantoms, phantoms  # what the application was told failed
         assert set(errors) <= {errno.ENOSPC}, errors
         assert sum(written.values()) < writers * 256 * MiB  # the disk did fill up
         (m.path / "after.bin").write_bytes(blocks["w0.bin"])  # not wedged
