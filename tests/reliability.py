@@ -163,7 +163,9 @@ def render(rows: list[Row]) -> str:
         "```",
         "",
         _ROWS_BEGIN,
-        *(json.dumps(asdict(r), ensure_ascii=False) for r in rows),
+        # "-->" would end the comment: escaped, the JSON still reads the same
+        *(json.dumps(asdict(r), ensure_ascii=False).replace("-->", "--\\u003e")
+          for r in rows),
         _ROWS_END,
         "",
     ]

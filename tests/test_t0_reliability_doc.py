@@ -20,9 +20,9 @@ def test_a_run_replaces_the_rows_of_the_tests_it_ran_and_keeps_the_others(
     update(doc, [_row("t.py::a", "A", lost=1)], {"t.py::a", "t.py::b"})
     rows = read_rows(doc)
     assert [(r.scenario, r.lost) for r in rows] == [("A", 1)]  # b ran and measured nothing
-    update(doc, [_row("u.py::c", "C | piped"), _row("tests/test_t9_x.py::d", "D")],
+    update(doc, [_row("u.py::c", "C | piped"), _row("tests/test_t9_x.py::d", "D -->")],
            {"u.py::c", "tests/test_t9_x.py::d"})
     text = doc.read_text()
-    assert [r.scenario for r in read_rows(doc)] == ["D", "A", "C | piped"]  # t9 first
+    assert [r.scenario for r in read_rows(doc)] == ["D -->", "A", "C | piped"]  # t9 first
     assert "| A | x | 3 | 1 | 0 | 1.5 | — |  | `t.py::a` |" in text
     assert "C \\| piped" in text  # a cell cannot break the table
