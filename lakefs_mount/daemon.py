@@ -335,7 +335,9 @@ class Daemon:
 
         async def report(p: Any) -> None:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
-                            "last_error": p.last_error or self.s3_stats.current_error(),
+                            # only errors of this flush: S3 may be back (issue 29)
+                            "last_error": p.last_error
+                            or self.s3_stats.current_error(since=started),
                             "waiting_on": self.s3_stats.waiting_on()})
 
         await self.fs.flush_files(files, on_progress=report, path=path)
