@@ -40,6 +40,7 @@ from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
+from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
@@ -143,6 +144,7 @@ class Daemon:
         self.flush_on_exit = True
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
+        self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -368,6 +370,20 @@ class Daemon:
         return {"files": done.files, "bytes": done.bytes_total,
                 "fetched_bytes": done.fetched_bytes, "local_files": local,
                 "seconds": seconds}
+
+    async def orphans(self, upload: bool, to: str | None, keep: bool,
+                      progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+        """List the orphaned cache files (D20), or upload them under `to` (a directory
+        of the mount) and remove each one S3 confirms, unless `keep`."""
+        directory = orphans_dir(self.cache.data_dir)
+        found = await trio.to_thread.run_sync(list_orphans, directory)
+        result: dict[str, Any] = {"dir": str(directory),
+                                  "orphans": [o.describe() for o in found]}
+        if not upload:
+            return result
+        to = DEFAULT_DIR if to is None else to.strip("/")
+        report = await self.orphan_uploader.upload_all(found, to, keep, progress)
+        return {**result, "to": to, "uploaded": report.uploaded, "failed": report.failed}
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
         if flush:

@@ -115,11 +115,11 @@ def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_fa
     assert path.read_bytes() == new
 
 
-def _crash_with_pending_files(m, fault_proxy) -> list[bytes]:
+def crash_with_pending_files(m, fault_proxy, sizes=(200_000, 200_001, 200_002)) -> list[bytes]:
     """Acknowledged (fsync'ed) files that never reached S3, then a kill -9."""
     (m.path / "ckpt").mkdir()  # new: its names need no lookup in S3
     fault_proxy.fail = True
-    bodies = [random.randbytes(200_000 + i) for i in range(3)]
+    bodies = [random.randbytes(size) for size in sizes]
     for i, body in enumerate(bodies):
         _write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
     m.kill9()
@@ -133,7 +133,7 @@ def test_a_lost_journal_leaves_the_cached_bytes_aside_not_deleted(mount_factory,
     tell what the cache files hold; it keeps them in orphans/ (not deleted), says so in
     the log and in status, and a clean unmount leaves them there."""
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    bodies = _crash_with_pending_files(m, fault_proxy)
+    bodies = crash_with_pending_files(m, fault_proxy)
     for path in m.cache_dir.glob("journal.db*"):
         path.unlink()
     m.start()
@@ -150,7 +150,7 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
     """Issue 29 defect 2: a journal SQLite cannot read is refused with a clear message;
     every cache file stays where it was."""
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    _crash_with_pending_files(m, fault_proxy)
+    crash_with_pending_files(m, fault_proxy)
     data = sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir())
     db = sqlite3.connect(m.cache_dir / "journal.db")  # its pages from the WAL into the file
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
