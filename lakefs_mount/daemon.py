@@ -141,7 +141,9 @@ class Daemon:
         self.engine_name = "?"
         self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
+        self.unmounted = False  # the session has ended; what is left goes to S3, then exit
         self.flush_on_exit = True
+        self.exit_status = 0  # 1: told by a second signal to exit before S3 had it all
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
         self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
@@ -191,7 +193,7 @@ class Daemon:
                 self.session = session = await self._open_session()
                 try:
                     await nursery.start(serve_control, socket_path, self)
-                    nursery.start_soon(self._signals)
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
@@ -203,6 +205,7 @@ class Daemon:
                     await session.serve()
                 finally:
                     session.close(unmount=self.terminated)
+                    self.unmounted = True
                 log.info("unmounted %s", config.mountpoint)
                 sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
@@ -259,12 +262,27 @@ class Daemon:
             log.error("not everything reached S3 (%s); the next mount with this cache "
                       "directory uploads the rest", exc)
 
-    async def _signals(self) -> None:
+    async def _signals(self, everything: trio.CancelScope) -> None:
+        """The first SIGTERM or SIGINT unmounts, and the daemon uploads what is left
+        before it exits; a second one ends that at once (an operator who cannot wait, or
+        an S3 that cannot be reached): the journal keeps it for the next mount."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("signal %d: unmounting", signum)
-                self.terminated = True
-                self.session.terminate()
+                if not (self.terminated or self.unmounted):
+                    log.info("signal %d: unmounting", signum)
+                    self.terminated = True
+                    self.session.terminate()
+                    continue
+                pending = self.fs.pending_files(None)
+                log.warning("signal %d again: exiting without waiting for S3; %d file(s) "
+                            "and %d namespace change(s) not yet there are safe in the "
+                            "journal; the next mount with this cache directory uploads "
+                            "them", signum, len(pending), len(self.names.ops))
+                self.flush_on_exit = False
+                self.exit_status = 1
+                everything.cancel()
+                self.store.abandon_requests()
+                return
 
     # -- control socket -----------------------------------------------------------------
 
@@ -475,7 +493,7 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
                 log.exception("daemon failed")
             ready_once(f"mount failed: {cause}")
             return 1
-    return 0
+    return daemon.exit_status
 
 
 def notify_ready(config: MountConfig, error: str | None) -> None:

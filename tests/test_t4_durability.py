@@ -6,12 +6,15 @@ import contextlib
 import hashlib
 import os
 import random
+import signal
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from mounting import cli
+
+from lakefs_mount.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
@@ -164,3 +167,54 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
     assert "journal" in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "sub-exception" not in proc.stderr
     assert sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir()) == data
+
+
+def _wait_exit(pid: int, timeout: float) -> float | None:
+    """Seconds until `pid` is gone (a zombie counts as gone), None if it outlived `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return time.monotonic() - started
+        except (FileNotFoundError, ProcessLookupError):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.parametrize("outage", ["fail", "hang"])
+def test_a_second_sigterm_ends_the_exit_flush_at_once_and_the_next_mount_uploads(
+        mount_factory, s3, fault_proxy, outage):
+    """Issue 29 defect 8: a daemon flushing before exit into an unreachable S3 exits at
+    once on a second SIGTERM, says that its data is safe in the journal, and the next
+    mount uploads every byte."""
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt").mkdir()
+    assert m.flush().returncode == 0  # the directory marker is in S3
+    setattr(fault_proxy, outage, True)
+    bodies = {f"ckpt/f{i}.bin": random.randbytes(size)
+              for i, size in enumerate((100_000, 20 * MiB + 1))}
+    for name, body in bodies.items():
+        _write_fsync(m.path / name, body)
+    pid = m.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while "before exit" not in m.log_tail(400):  # unmounted, flushing into the outage
+        assert time.monotonic() < deadline, m.log_tail()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert _wait_exit(pid, 0.1) is None, "the daemon gave up flushing by itself"
+    os.kill(pid, signal.SIGTERM)
+    took = _wait_exit(pid, 30)
+    assert took is not None and took < 5, (took, m.log_tail())
+    m.pid = None
+    assert "safe in the journal" in m.log_tail(400)
+    assert not is_mounted(m.path)
+    setattr(fault_proxy, outage, False)
+    m.start()
+    assert m.flush(timeout=120).returncode == 0
+    for name, body in bodies.items():
+        assert s3.get_range(name, 0, len(body) + 1) == body, name
+    assert not s3.list_multipart_uploads("")
