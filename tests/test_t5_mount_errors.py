@@ -239,6 +239,40 @@ def test_already_mounted(mount_factory, s3_server: EmbeddedS3, bucket: str,
     assert first.flush().returncode == 0
 
 
+def test_an_interrupted_mount_mounts_nothing_behind_the_users_back(
+        s3_server: EmbeddedS3, bucket: str, fault_proxy, tmp_path: Path,
+        cleanup_paths: list[Path]) -> None:
+    """Issue 29 defect 6: Ctrl-C while `mount` waits for its daemon (first for an S3 in a
+    black hole, then at moments around the mount being made) ends in one line with
+    status 130 and no daemon left to mount later, or, if the mount was ready first, in
+    status 0 and a mount: never `interrupted` with a mount behind it."""
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url", fault_proxy.endpoint_url,
+                      mnt=mnt)
+    fault_proxy.hang = True  # the start-up bucket check waits (15 s a try)
+    outcomes = []
+    for delay in (1.0, 0.2, 0.4, 0.6, 0.8):
+        proc = subprocess.Popen([CLI, *args], stdin=subprocess.DEVNULL, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        fault_proxy.hang = False
+        outcomes.append(proc.returncode)
+        if proc.returncode == 0:
+            assert is_mounted(mnt)
+            assert cli("unmount", str(mnt)).returncode == 0
+            continue
+        assert proc.returncode == 130, (delay, proc.returncode, err)
+        lines = err.strip().splitlines()  # (click ends the ^C line first)
+        assert len(lines) == 1 and lines[0].startswith("lakefs-mount: interrupted"), err
+        assert daemons_for(mnt) == [], delay
+        time.sleep(1.0)
+        assert not is_mounted(mnt), delay
+    assert outcomes[0] == 130
+
+
 def test_stale_mount_after_kill9_is_cleaned_and_data_kept(mount_factory, s3) -> None:
     m: Mount = mount_factory()
     payload = os.urandom(3 * 1024 * 1024 + 17)
