@@ -191,6 +191,7 @@ class Daemon:
                 await nursery.start(names.run)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
+                served = False  # to its end: the kernel let go, or a signal ended it
                 try:
                     await nursery.start(serve_control, socket_path, self)
                     nursery.start_soon(self._signals, nursery.cancel_scope)
@@ -203,8 +204,9 @@ class Daemon:
                     self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
                     await session.serve()
-                finally:
-                    session.close(unmount=self.terminated)
+                    served = True
+                finally:  # (also interrupted before serving: nothing stays mounted)
+                    session.close(unmount=self.terminated or not served)
                     self.unmounted = True
                 log.info("unmounted %s", config.mountpoint)
                 sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
@@ -487,6 +489,10 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
             cause = first_cause(exc)  # not "Exceptions from Trio nursery (1 sub-exception)"
+            if isinstance(cause, KeyboardInterrupt):  # SIGINT before its receiver was up
+                log.info("interrupted while starting; nothing is mounted")
+                ready_once("interrupted; nothing is mounted")
+                return 130
             if isinstance(cause, StartupError | ControlError | ObjectStoreError | OSError):
                 log.error("mount failed: %s", cause)
             else:

@@ -273,6 +273,36 @@ def test_an_interrupted_mount_mounts_nothing_behind_the_users_back(
     assert outcomes[0] == 130
 
 
+def test_ctrl_c_to_a_foreground_mount_while_it_starts_ends_in_one_line(
+        s3_server: EmbeddedS3, bucket: str, fault_proxy, tmp_path: Path,
+        cleanup_paths: list[Path]) -> None:
+    """Issue 29 defect 6: Ctrl-C to `mount --foreground` while the daemon starts up in its
+    event loop (here while it retries the first directory-attribute probe after 503s)
+    printed 'daemon failed' with a traceback and `mount failed: ` with no cause; now one
+    line, status 130, nothing mounted."""
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    fault_proxy.parse_requests = True
+    fault_proxy.answer_with(503, "SlowDown", 2, frozenset({"PUT"}))  # 0.2 + 0.4 s of retries
+    log_file = tmp_path / "daemon.log"
+    proc = subprocess.Popen(
+        [CLI, *mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
+                          fault_proxy.endpoint_url, "--foreground", mnt=mnt)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while fault_proxy.answered == 0:  # the event loop runs: the probe got its first 503
+        assert time.monotonic() < deadline and proc.poll() is None, log_file.read_text()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert fault_proxy.answered == 1, "the interrupt came too late to test anything"
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert lines[-1].startswith("lakefs-mount: interrupted"), err
+    assert "Traceback" not in err and "Traceback" not in log_file.read_text(), err
+    assert not is_mounted(mnt) and daemons_for(mnt) == []
+
+
 def test_stale_mount_after_kill9_is_cleaned_and_data_kept(mount_factory, s3) -> None:
     m: Mount = mount_factory()
     payload = os.urandom(3 * 1024 * 1024 + 17)
