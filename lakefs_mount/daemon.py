@@ -472,8 +472,9 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             stack.callback(journal.close)
             _check_journal_matches(journal, config)
         except (StartupError, ObjectStoreError, JournalDamaged, ValueError, OSError) as exc:
-            log.error("mount failed: %s", exc)
-            ready_once(str(exc))
+            message = _startup_failure(exc, config)
+            log.error("mount failed: %s", message)
+            ready_once(message)
             return 1
         daemon = Daemon(config, store, journal)
         if config.metrics_addr is not None:
@@ -500,6 +501,20 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             ready_once(f"mount failed: {cause}")
             return 1
     return daemon.exit_status
+
+
+def _startup_failure(exc: Exception, config: MountConfig) -> str:
+    """One line: what failed and what to do. An OSError on a path says so in words, not
+    as `[Errno 21] Is a directory: '...'`, and one in the cache directory points at it."""
+    if not (isinstance(exc, OSError) and isinstance(exc.filename, str | bytes)
+            and exc.strerror):
+        return str(exc)
+    path = Path(os.fsdecode(exc.filename))
+    cache_dir = config.resolved_cache_dir()
+    if path == cache_dir or cache_dir in path.parents:
+        return (f"cannot use {path}: {exc.strerror}; repair the cache directory "
+                f"{cache_dir} or mount with another --cache-dir")
+    return f"cannot use {path}: {exc.strerror}"
 
 
 def notify_ready(config: MountConfig, error: str | None) -> None:

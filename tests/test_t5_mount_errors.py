@@ -341,6 +341,23 @@ def test_cache_dir_below_a_file(s3_server: EmbeddedS3, bucket: str, tmp_path: Pa
     assert str(tmp_path / "plain" / "c") in proc.stderr and took < 10
 
 
+def test_a_cache_dir_whose_journal_is_not_a_file_is_refused_in_one_line(
+        s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    """Issue 29 defect 6: the daemon's start-up OSErrors came out raw (`lakefs-mount:
+    [Errno 21] Is a directory: '.../journal.db'`); now they name the path, the cause
+    and what to do."""
+    (tmp_path / "cache" / "journal.db").mkdir(parents=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc, took = run_cli(*mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
+                                     s3_server.endpoint_url, mnt=mnt))
+    assert_clean_failure(proc, mnt, "is a directory")
+    assert proc.returncode == 1 and took < 10
+    assert proc.stderr.count("\n") == 1 and "[Errno" not in proc.stderr, proc.stderr
+    assert str(tmp_path / "cache" / "journal.db") in proc.stderr, proc.stderr
+    assert "; " in proc.stderr and "--cache-dir" in proc.stderr, proc.stderr
+
+
 @pytest.fixture
 def readonly_dir(tmp_path: Path) -> Iterator[Path]:
     """A read-only tmpfs (root only: root ignores permission bits, not a ro mount)."""
