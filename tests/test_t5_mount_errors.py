@@ -395,9 +395,25 @@ def test_cache_dir_locked_by_live_daemon(mount_factory, s3_server: EmbeddedS3, b
                          s3_server.endpoint_url, "--cache-dir", str(first.cache_dir),
                          "--log-file", str(tmp_path / "log2"))
     assert_clean_failure(proc, mnt2, "in use by another lakefs-mount daemon")
-    assert took < 10
+    assert proc.returncode == 1 and took < 10  # as the README lists it
     assert first.flush().returncode == 0
     assert (first.path / "x.txt").read_bytes() == b"x"
+
+
+def test_a_cache_dir_of_another_bucket_is_refused_in_one_line_with_status_1(
+        mount_factory, s3_server: EmbeddedS3, bucket: str) -> None:
+    """Issue 29 defect 6: the README's status (1: what the daemon finds as it starts),
+    one line with what to do, and the cache directory's pending data untouched."""
+    first = mount_factory()
+    assert first.unmount().returncode == 0
+    other = f"{bucket}-other"
+    s3_server.create_bucket(other)
+    proc, took = run_cli(*mount_args(first.root, f"s3://{other}", "--endpoint-url",
+                                     s3_server.endpoint_url, mnt=first.path))
+    assert_clean_failure(proc, first.path, f"belongs to s3://{bucket}/")
+    assert proc.returncode == 1 and took < 10 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("lakefs-mount: ") and "use another --cache-dir" in proc.stderr
+    s3_server.store(other).delete_bucket()
 
 
 # ---------------------------------------------------------------------------- runtime
