@@ -22,7 +22,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount import sdnotify
-from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.flusher import Flusher, FlushFailed
 from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
@@ -143,7 +143,7 @@ class Daemon:
         self.terminated = False  # by a signal: the kernel mount is still there
         self.unmounted = False  # the session has ended; what is left goes to S3, then exit
         self.flush_on_exit = True
-        self.exit_status = 0  # 1: told by a second signal to exit before S3 had it all
+        self.exit_status = 0  # 1: it exits before S3 has it all (a second signal, ...)
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
         self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
@@ -252,17 +252,31 @@ class Daemon:
         await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 
     async def _final_flush(self) -> None:
-        """After the kernel let go: commit what is left unless told not to wait."""
+        """After the kernel let go: commit what is left unless told not to wait. The
+        daemon's exit is what tells that the data is in S3 (README), so an S3 that keeps
+        failing is waited for; a second SIGTERM or SIGINT ends the wait (`_signals`)."""
         pending = self.fs.pending_files(None)
         if not (pending or self.names.ops) or not self.flush_on_exit:
             return
         log.info("committing %d file(s) and %d namespace change(s) before exit",
                  len(pending), len(self.names.ops))
-        try:
-            await self.fs.flush_files(pending)
-        except Exception as exc:
-            log.error("not everything reached S3 (%s); the next mount with this cache "
-                      "directory uploads the rest", exc)
+        warned = False
+        while True:
+            try:
+                await self.fs.flush_files(pending)
+                return
+            except FlushFailed as exc:
+                if not warned:
+                    log.warning("not in S3 yet (%s); still trying: a second SIGTERM or "
+                                "SIGINT exits now, and the next mount with this cache "
+                                "directory uploads the rest", exc)
+                    warned = True
+            except Exception as exc:
+                log.error("not everything reached S3 (%s); the next mount with this cache "
+                          "directory uploads the rest", exc)
+                self.exit_status = 1
+                return
+            pending = self.fs.pending_files(None)
 
     async def _signals(self, everything: trio.CancelScope) -> None:
         """The first SIGTERM or SIGINT unmounts, and the daemon uploads what is left
@@ -270,10 +284,13 @@ class Daemon:
         an S3 that cannot be reached): the journal keeps it for the next mount."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                if not (self.terminated or self.unmounted):
-                    log.info("signal %d: unmounting", signum)
+                if not self.terminated:
                     self.terminated = True
-                    self.session.terminate()
+                    if self.unmounted:  # (by umount): it uploads what is left already
+                        log.info("signal %d: exiting once what is left is in S3", signum)
+                    else:
+                        log.info("signal %d: unmounting", signum)
+                        self.session.terminate()
                     continue
                 pending = self.fs.pending_files(None)
                 log.warning("signal %d again: exiting without waiting for S3; %d file(s) "

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -218,3 +219,30 @@ def test_a_second_sigterm_ends_the_exit_flush_at_once_and_the_next_mount_uploads
     for name, body in bodies.items():
         assert s3.get_range(name, 0, len(body) + 1) == body, name
     assert not s3.list_multipart_uploads("")
+
+
+def test_one_sigterm_after_an_umount_lets_the_exit_upload_finish(mount_factory, s3,
+                                                                   fault_proxy):
+    """D23's other side: after a plain `umount`, the daemon uploads what is left before it
+    exits; one SIGTERM then (systemd stopping the unit) does not cut that short, only a
+    second one would."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt").mkdir()
+    assert m.flush().returncode == 0
+    fault_proxy.fail = True
+    body = random.randbytes(300_000)
+    _write_fsync(m.path / "ckpt" / "late.bin", body)
+    pid = m.pid
+    assert pid is not None
+    subprocess.run(["umount", str(m.path)], check=True)
+    deadline = time.monotonic() + 30
+    while "before exit" not in m.log_tail(400):
+        assert time.monotonic() < deadline, m.log_tail()
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)
+    assert _wait_exit(pid, 2.0) is None, m.log_tail()
+    fault_proxy.fail = False
+    assert _wait_exit(pid, 60) is not None, m.log_tail()
+    m.pid = None
+    assert "safe in the journal" not in m.log_tail(400)
+    assert s3.get_range("ckpt/late.bin", 0, len(body) + 1) == body
