@@ -80,6 +80,7 @@ class CachedFile:
     error_streak: int = 0  # failures since the last success
     error_count: int = 0  # failures ever (a flush counts only those after it started)
     last_error: str | None = None
+    last_error_at: float = 0.0  # monotonic time of last_error: a flush shows only newer ones
     validated_at: float = 0.0  # monotonic time S3 last confirmed base_etag
     page_cache_etag: str | None = None  # version the kernel's page cache holds
     read_next: int = -1  # where a sequential reader reads next (readahead trigger)

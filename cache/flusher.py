@@ -39,6 +39,10 @@ ERRORS_BEFORE_FLUSH_FAILS = 5
 COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
 
 
+def _note_error(cf: CachedFile, message: str) -> None:
+    cf.last_error, cf.last_error_at = message, time.monotonic()
+
+
 class FlushFailed(Exception):
     pass
 
@@ -146,6 +150,7 @@ class Flusher:
         """Return once every file has committed the version it had at the call."""
         targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
         errors_before = {cf: cf.error_count for cf, _ in targets}
+        started = time.monotonic()
         self.store.wake_retries()  # S3 may be back: do not sit out a long backoff
         for cf, _ in targets:
             self.request_commit(cf)
@@ -161,17 +166,20 @@ class Flusher:
                     f"uploading {failing[0].key} keeps failing: {failing[0].last_error}; "
                     f"{len(left)} file(s) not yet committed (the daemon keeps retrying)")
             if callable(on_progress):
-                await on_progress(self.progress([cf for cf, _ in left]))
+                await on_progress(self.progress([cf for cf, _ in left], since=started))
             with trio.move_on_after(1.0):
                 await self._changed.wait()
             for cf, _ in left:
                 self.request_commit(cf)
 
-    def progress(self, files: list[CachedFile]) -> FlushProgress:
+    def progress(self, files: list[CachedFile], since: float = -math.inf) -> FlushProgress:
+        """Bytes and files left, and the error of a file that failed `since` (monotonic):
+        a flush started after S3 came back shows no error from before it (issue 29)."""
         bytes_left = sum(  # not yet sent; uploaded parts only wait for their Complete
             self.parts.held_bytes(i, cf.size)
             for cf in files for i, c in cf.chunks.items() if c.state in DIRTY_STATES)
-        errors = [cf.last_error for cf in files if cf.error_streak]
+        errors = [cf.last_error for cf in files
+                  if cf.error_streak and cf.last_error_at >= since]
         return FlushProgress(len(files), bytes_left, errors[0] if errors else None)
 
     # -- S3 calls with error bookkeeping ---------------------------------------------
@@ -181,7 +189,7 @@ class Flusher:
         counts as one failure of the file (`error_streak`, which fails a waiting flush
         after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
         def on_error(exc: Exception) -> None:
-            cf.last_error = str(exc)
+            _note_error(cf, str(exc))
             self._progress_changed()
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;
@@ -263,7 +271,7 @@ class Flusher:
                   exc_info=not isinstance(exc, ObjectStoreError))
         cf.error_streak += 1
         cf.error_count += 1
-        cf.last_error = f"{what}: {exc}"
+        _note_error(cf, f"{what}: {exc}")
         self._progress_changed()
 
     async def _upload_chunk(self, cf: CachedFile, idx: int) -> None:

@@ -16,8 +16,10 @@ import click
 
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.config import MountConfig, human_bytes, orphans_dir
+from lakefs_mount.mountpoint import cleanup_stale, is_mounted, is_stale
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report the mount
+CALL_OFF_WAIT = 5.0  # seconds an interrupted mount waits for its daemon to exit, per signal
 
 
 def _import_run_mount() -> Callable[[MountConfig, Callable[[str | None], None]], int]:
@@ -137,6 +139,10 @@ def _wait_ready(config: MountConfig, pid: int, read_fd: int) -> int:
                 if not chunk:
                     break
                 buf += chunk
+    except KeyboardInterrupt:
+        _call_off(config, pid)
+        raise CliError("interrupted; nothing is mounted (the daemon was stopped)",
+                       130) from None
     finally:
         os.close(read_fd)
     if b"\n" not in buf:
@@ -169,8 +175,26 @@ def _tell_of_orphans(config: MountConfig) -> None:
     if sizes:
         click.echo(f"{PROG}: mounted; {len(sizes)} cache file(s) ({human_bytes(sum(sizes))}) "
                    f"that no journal names are kept in {orphans} (a crash with a lost or "
-                   f"damaged journal): they may hold the only copy of written data; check "
-                   f"them, copy what you need, then delete the folder", err=True)
+                   f"damaged journal): they may hold the only copy of written data; "
+                   f"`{PROG} orphans list|upload {config.mountpoint}` shows or uploads them",
+                   err=True)
+
+
+def _call_off(config: MountConfig, pid: int) -> None:
+    """Ctrl-C while the daemon starts: stop it, so that it never mounts after `mount`
+    said it was interrupted. A daemon still starting dies of SIGTERM; one that has
+    mounted unmounts, and a second SIGTERM stops its upload of what an earlier mount
+    left (the journal keeps that); a stale mount of one killed in between is detached."""
+    for sig, wait in ((signal.SIGTERM, CALL_OFF_WAIT), (signal.SIGTERM, CALL_OFF_WAIT),
+                      (signal.SIGKILL, CALL_OFF_WAIT)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+        if _reap(pid, wait):
+            break
+    if is_mounted(config.mountpoint) and is_stale(config.mountpoint):
+        cleanup_stale(config.mountpoint)
 
 
 def _reap(pid: int, timeout: float) -> str:

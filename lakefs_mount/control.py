@@ -9,6 +9,8 @@ connection):
     request   {"op": "status"}
               {"op": "flush", "path": "step_100" | null}     # relative to the mount root
               {"op": "unmount", "flush": true | false}
+              {"op": "orphans", "upload": false}                # list them
+              {"op": "orphans", "upload": true, "to": "lost+found" | null, "keep": false}
     response  zero or more {"progress": {...}} lines, then exactly one of
               {"ok": true, "result": {...}}    or    {"ok": false, "error": "message"}
 
@@ -74,6 +76,9 @@ class ControlHandler(Protocol):
                      progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
     async def prepare_unmount(self, flush: bool) -> dict: ...
+
+    async def orphans(self, upload: bool, to: str | None, keep: bool,
+                      progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
 
 # ---------------------------------------------------------------------------- server
@@ -264,6 +269,12 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
                 raise ValueError(f"{op}: path must be a string or null")
             run = handler.flush if op == "flush" else handler.warmup
             result = await _while_client_waits(stream, op, run(path or None, progress))
+        elif op == "orphans":
+            to = request.get("to")
+            if to is not None and not isinstance(to, str):
+                raise ValueError("orphans: to must be a string or null")
+            result = await _while_client_waits(stream, op, handler.orphans(
+                bool(request.get("upload")), to, bool(request.get("keep")), progress))
         elif op == "unmount":
             result = await handler.prepare_unmount(bool(request.get("flush", True)))
         else:

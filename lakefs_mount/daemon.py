@@ -22,7 +22,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount import sdnotify
-from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.flusher import Flusher, FlushFailed
 from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
@@ -44,6 +44,7 @@ from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
+from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
@@ -144,9 +145,12 @@ class Daemon:
         self.engine_name = "?"
         self.splice_writes = writes_can_splice()
         self.terminated = False  # by a signal: the kernel mount is still there
+        self.unmounted = False  # the session has ended; what is left goes to S3, then exit
         self.flush_on_exit = True
+        self.exit_status = 0  # 1: it exits before S3 has it all (a second signal, ...)
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
+        self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -191,9 +195,10 @@ class Daemon:
                 await nursery.start(names.run)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
+                served = False  # to its end: the kernel let go, or a signal ended it
                 try:
                     await nursery.start(serve_control, socket_path, self)
-                    nursery.start_soon(self._signals)
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
@@ -203,8 +208,10 @@ class Daemon:
                     self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
                     await session.serve()
-                finally:
-                    session.close(unmount=self.terminated)
+                    served = True
+                finally:  # (also interrupted before serving: nothing stays mounted)
+                    session.close(unmount=self.terminated or not served)
+                    self.unmounted = True
                 log.info("unmounted %s", config.mountpoint)
                 sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
@@ -249,24 +256,56 @@ class Daemon:
         await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 
     async def _final_flush(self) -> None:
-        """After the kernel let go: commit what is left unless told not to wait."""
+        """After the kernel let go: commit what is left unless told not to wait. The
+        daemon's exit is what tells that the data is in S3 (README), so an S3 that keeps
+        failing is waited for; a second SIGTERM or SIGINT ends the wait (`_signals`)."""
         pending = self.fs.pending_files(None)
         if not (pending or self.names.ops) or not self.flush_on_exit:
             return
         log.info("committing %d file(s) and %d namespace change(s) before exit",
                  len(pending), len(self.names.ops))
-        try:
-            await self.fs.flush_files(pending)
-        except Exception as exc:
-            log.error("not everything reached S3 (%s); the next mount with this cache "
-                      "directory uploads the rest", exc)
+        warned = False
+        while True:
+            try:
+                await self.fs.flush_files(pending)
+                return
+            except FlushFailed as exc:
+                if not warned:
+                    log.warning("not in S3 yet (%s); still trying: a second SIGTERM or "
+                                "SIGINT exits now, and the next mount with this cache "
+                                "directory uploads the rest", exc)
+                    warned = True
+            except Exception as exc:
+                log.error("not everything reached S3 (%s); the next mount with this cache "
+                          "directory uploads the rest", exc)
+                self.exit_status = 1
+                return
+            pending = self.fs.pending_files(None)
 
-    async def _signals(self) -> None:
+    async def _signals(self, everything: trio.CancelScope) -> None:
+        """The first SIGTERM or SIGINT unmounts, and the daemon uploads what is left
+        before it exits; a second one ends that at once (an operator who cannot wait, or
+        an S3 that cannot be reached): the journal keeps it for the next mount."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("signal %d: unmounting", signum)
-                self.terminated = True
-                self.session.terminate()
+                if not self.terminated:
+                    self.terminated = True
+                    if self.unmounted:  # (by umount): it uploads what is left already
+                        log.info("signal %d: exiting once what is left is in S3", signum)
+                    else:
+                        log.info("signal %d: unmounting", signum)
+                        self.session.terminate()
+                    continue
+                pending = self.fs.pending_files(None)
+                log.warning("signal %d again: exiting without waiting for S3; %d file(s) "
+                            "and %d namespace change(s) not yet there are safe in the "
+                            "journal; the next mount with this cache directory uploads "
+                            "them", signum, len(pending), len(self.names.ops))
+                self.flush_on_exit = False
+                self.exit_status = 1
+                everything.cancel()
+                self.store.abandon_requests()
+                return
 
     # -- control socket -----------------------------------------------------------------
 
@@ -340,7 +379,9 @@ class Daemon:
 
         async def report(p: Any) -> None:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
-                            "last_error": p.last_error or self.s3_stats.current_error(),
+                            # only errors of this flush: S3 may be back (issue 29)
+                            "last_error": p.last_error
+                            or self.s3_stats.current_error(since=started),
                             "waiting_on": self.s3_stats.waiting_on()})
 
         await self.fs.flush_files(files, on_progress=report, path=path)
@@ -371,6 +412,20 @@ class Daemon:
         return {"files": done.files, "bytes": done.bytes_total,
                 "fetched_bytes": done.fetched_bytes, "local_files": local,
                 "seconds": seconds}
+
+    async def orphans(self, upload: bool, to: str | None, keep: bool,
+                      progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+        """List the orphaned cache files (D20), or upload them under `to` (a directory
+        of the mount) and remove each one S3 confirms, unless `keep`."""
+        directory = orphans_dir(self.cache.data_dir)
+        found = await trio.to_thread.run_sync(list_orphans, directory)
+        result: dict[str, Any] = {"dir": str(directory),
+                                  "orphans": [o.describe() for o in found]}
+        if not upload:
+            return result
+        to = DEFAULT_DIR if to is None else to.strip("/")
+        report = await self.orphan_uploader.upload_all(found, to, keep, progress)
+        return {**result, "to": to, "uploaded": report.uploaded, "failed": report.failed}
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
         if flush:
@@ -439,8 +494,9 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             stack.callback(journal.close)
             _check_journal_matches(journal, config)
         except (StartupError, ObjectStoreError, JournalDamaged, ValueError, OSError) as exc:
-            log.error("mount failed: %s", exc)
-            ready_once(str(exc))
+            message = _startup_failure(exc, config)
+            log.error("mount failed: %s", message)
+            ready_once(message)
             return 1
         daemon = Daemon(config, store, journal)
         if config.metrics_addr is not None:
@@ -456,13 +512,31 @@ def run_mount(config: MountConfig, report_ready: Callable[[str | None], None]) -
             trio.run(daemon.run, ready_once)
         except BaseException as exc:
             cause = first_cause(exc)  # not "Exceptions from Trio nursery (1 sub-exception)"
+            if isinstance(cause, KeyboardInterrupt):  # SIGINT before its receiver was up
+                log.info("interrupted while starting; nothing is mounted")
+                ready_once("interrupted; nothing is mounted")
+                return 130
             if isinstance(cause, StartupError | ControlError | ObjectStoreError | OSError):
                 log.error("mount failed: %s", cause)
             else:
                 log.exception("daemon failed")
             ready_once(f"mount failed: {cause}")
             return 1
-    return 0
+    return daemon.exit_status
+
+
+def _startup_failure(exc: Exception, config: MountConfig) -> str:
+    """One line: what failed and what to do. An OSError on a path says so in words, not
+    as `[Errno 21] Is a directory: '...'`, and one in the cache directory points at it."""
+    if not (isinstance(exc, OSError) and isinstance(exc.filename, str | bytes)
+            and exc.strerror):
+        return str(exc)
+    path = Path(os.fsdecode(exc.filename))
+    cache_dir = config.resolved_cache_dir()
+    if path == cache_dir or cache_dir in path.parents:
+        return (f"cannot use {path}: {exc.strerror}; repair the cache directory "
+                f"{cache_dir} or mount with another --cache-dir")
+    return f"cannot use {path}: {exc.strerror}"
 
 
 def notify_ready(config: MountConfig, error: str | None) -> None:

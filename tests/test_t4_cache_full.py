@@ -18,8 +18,9 @@ MiB = 1024 * 1024
 
 
 @contextlib.contextmanager
-def _cache_on_tmpfs(mount_factory, size: str, *options: str):
-    m = mount_factory("--part-size", "8M", "--cache-size", "1G", *options, start=False)
+def _cache_on_tmpfs(mount_factory, size: str, *options: str, endpoint_url: str | None = None):
+    m = mount_factory("--part-size", "8M", "--cache-size", "1G", *options, start=False,
+                      endpoint_url=endpoint_url)
     m.cache_dir.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
                     str(m.cache_dir)], check=True)
@@ -65,7 +66,7 @@ def test_one_file_larger_than_the_cache_disk_gets_enospc_and_keeps_what_was_writ
     assert written >= 16 * MiB
     assert m.flush().returncode == 0
     info = s3.head("huge.bin")
-    assert info is not None and info.size >= written
+    assert info is not None and info.size == written  # not a byte of the failed write
     assert s3.get_range("huge.bin", 0, written) == (block * (written // MiB + 1))[:written]
 
 
@@ -185,3 +186,37 @@ def test_bytes_of_writes_that_failed_never_reach_s3_even_after_a_crash(mount_fac
             info = s3.head(name)
             assert info is not None and info.size == n, (name, n, info)
             assert s3.get_range(name, 0, n) == (blocks[name] * (n // MiB + 1))[:n]
+
+
+@pytest.mark.parametrize("fuse_session", ["native"], indirect=True)  # (pyfuse3: 60 s a call)
+def test_files_whose_create_failed_on_a_full_cache_disk_never_reach_s3(
+        mount_factory, s3, fault_proxy):
+    """Issue 29 defect 4: `touch` and `echo >` that failed with ENOSPC later appeared as
+    0-byte objects. With the cache disk full and S3 unreachable (nothing can drain),
+    creates fail; after a crash and a remount with S3 back, S3 holds what was
+    acknowledged and nothing else: no empty objects, nothing past the last write."""
+    with _cache_on_tmpfs(mount_factory, "64m", "--max-dirty", "256M",
+                         endpoint_url=fault_proxy.endpoint_url) as m:
+        (m.path / "d").mkdir()
+        assert m.flush().returncode == 0
+        fault_proxy.fail = True
+        block = random.randbytes(MiB)
+        written = 0
+        fd = os.open(m.path / "d" / "big.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        with pytest.raises(OSError) as err:
+            while True:
+                written += os.write(fd, block)
+        assert err.value.errno == errno.ENOSPC
+        for shell in (f"touch {m.path}/d/touched", f"echo hi > {m.path}/d/echoed",
+                      f"head -c 3000000 /dev/zero > {m.path}/d/copied"):
+            proc = subprocess.run(["sh", "-c", shell], capture_output=True, text=True)
+            assert proc.returncode != 0 and "No space left" in proc.stderr, proc.stderr
+        assert os.listdir(m.path / "d") == ["big.bin"]
+        m.kill9()
+        os.close(fd)
+        fault_proxy.fail = False
+        m.start()
+        assert m.flush().returncode == 0
+        assert sorted((o.key, o.size) for o in s3.list_recursive("d/")) == [
+            ("d/", 0), ("d/big.bin", written)]
+        assert s3.get_range("d/big.bin", 0, written) == (block * (written // MiB + 1))[:written]

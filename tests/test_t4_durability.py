@@ -6,13 +6,17 @@ import contextlib
 import hashlib
 import os
 import random
+import signal
 import sqlite3
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from mounting import cli
 from reliability import Row
+
+from lakefs_mount.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
@@ -116,13 +120,13 @@ def test_a_file_rewritten_while_its_commit_runs_ends_with_the_new_bytes(mount_fa
     assert path.read_bytes() == new
 
 
-def _crash_with_pending_files(m, fault_proxy, count: int = 3,
-                              rng: random.Random | None = None) -> list[bytes]:
+def crash_with_pending_files(m, fault_proxy, sizes=(200_000, 200_001, 200_002),
+                             rng: random.Random | None = None) -> list[bytes]:
     """Acknowledged (fsync'ed) files ckpt/pending-<i>.bin that never reached S3, then a
     kill -9: the journal alone knows them."""
     (m.path / "ckpt").mkdir()  # new: its names need no lookup in S3
     fault_proxy.fail = True
-    bodies = [(rng or random).randbytes(200_000 + i) for i in range(count)]
+    bodies = [(rng or random).randbytes(size) for size in sizes]
     for i, body in enumerate(bodies):
         _write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
     m.kill9()
@@ -136,7 +140,7 @@ def test_a_lost_journal_leaves_the_cached_bytes_aside_not_deleted(mount_factory,
     tell what the cache files hold; it keeps them in orphans/ (not deleted), says so in
     the log and in status, and a clean unmount leaves them there."""
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    bodies = _crash_with_pending_files(m, fault_proxy)
+    bodies = crash_with_pending_files(m, fault_proxy)
     for path in m.cache_dir.glob("journal.db*"):
         path.unlink()
     began = time.monotonic()
@@ -164,7 +168,7 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
     """Issue 29 defect 2: a journal SQLite cannot read is refused with a clear message;
     every cache file stays where it was."""
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    _crash_with_pending_files(m, fault_proxy)
+    crash_with_pending_files(m, fault_proxy)
     data = sorted((p.name, p.read_bytes()) for p in (m.cache_dir / "data").iterdir())
     db = sqlite3.connect(m.cache_dir / "journal.db")  # its pages from the WAL into the file
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -185,7 +189,85 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
         notes=f"refused with exit {proc.returncode}: "
               f"'{proc.stderr.strip().replace(str(m.cache_dir), '<cache dir>')}'; "
               f"data/ untouched"))
-    assert proc.returncode != 0
+    assert proc.returncode == 1  # as the README lists it
     assert "journal" in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "sub-exception" not in proc.stderr
     assert after == data
+
+
+def _wait_exit(pid: int, timeout: float) -> float | None:
+    """Seconds until `pid` is gone (a zombie counts as gone), None if it outlived `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return time.monotonic() - started
+        except (FileNotFoundError, ProcessLookupError):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.parametrize("outage", ["fail", "hang"])
+def test_a_second_sigterm_ends_the_exit_flush_at_once_and_the_next_mount_uploads(
+        mount_factory, s3, fault_proxy, outage):
+    """Issue 29 defect 8: a daemon flushing before exit into an unreachable S3 exits at
+    once on a second SIGTERM, says that its data is safe in the journal, and the next
+    mount uploads every byte."""
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt").mkdir()
+    assert m.flush().returncode == 0  # the directory marker is in S3
+    setattr(fault_proxy, outage, True)
+    bodies = {f"ckpt/f{i}.bin": random.randbytes(size)
+              for i, size in enumerate((100_000, 20 * MiB + 1))}
+    for name, body in bodies.items():
+        _write_fsync(m.path / name, body)
+    pid = m.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while "before exit" not in m.log_tail(400):  # unmounted, flushing into the outage
+        assert time.monotonic() < deadline, m.log_tail()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert _wait_exit(pid, 0.1) is None, "the daemon gave up flushing by itself"
+    os.kill(pid, signal.SIGTERM)
+    took = _wait_exit(pid, 30)
+    assert took is not None and took < 5, (took, m.log_tail())
+    m.pid = None
+    assert "safe in the journal" in m.log_tail(400)
+    assert not is_mounted(m.path)
+    setattr(fault_proxy, outage, False)
+    m.start()
+    assert m.flush(timeout=120).returncode == 0
+    for name, body in bodies.items():
+        assert s3.get_range(name, 0, len(body) + 1) == body, name
+    assert not s3.list_multipart_uploads("")
+
+
+def test_one_sigterm_after_an_umount_lets_the_exit_upload_finish(mount_factory, s3,
+                                                                   fault_proxy):
+    """D23's other side: after a plain `umount`, the daemon uploads what is left before it
+    exits; one SIGTERM then (systemd stopping the unit) does not cut that short, only a
+    second one would."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt").mkdir()
+    assert m.flush().returncode == 0
+    fault_proxy.fail = True
+    body = random.randbytes(300_000)
+    _write_fsync(m.path / "ckpt" / "late.bin", body)
+    pid = m.pid
+    assert pid is not None
+    subprocess.run(["umount", str(m.path)], check=True)
+    deadline = time.monotonic() + 30
+    while "before exit" not in m.log_tail(400):
+        assert time.monotonic() < deadline, m.log_tail()
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)
+    assert _wait_exit(pid, 2.0) is None, m.log_tail()
+    fault_proxy.fail = False
+    assert _wait_exit(pid, 60) is not None, m.log_tail()
+    m.pid = None
+    assert "safe in the journal" not in m.log_tail(400)
+    assert s3.get_range("ckpt/late.bin", 0, len(body) + 1) == body

@@ -241,6 +241,70 @@ def test_already_mounted(mount_factory, s3_server: EmbeddedS3, bucket: str,
     assert first.flush().returncode == 0
 
 
+def test_an_interrupted_mount_mounts_nothing_behind_the_users_back(
+        s3_server: EmbeddedS3, bucket: str, fault_proxy, tmp_path: Path,
+        cleanup_paths: list[Path]) -> None:
+    """Issue 29 defect 6: Ctrl-C while `mount` waits for its daemon (first for an S3 in a
+    black hole, then at moments around the mount being made) ends in one line with
+    status 130 and no daemon left to mount later, or, if the mount was ready first, in
+    status 0 and a mount: never `interrupted` with a mount behind it."""
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    args = mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url", fault_proxy.endpoint_url,
+                      mnt=mnt)
+    fault_proxy.hang = True  # the start-up bucket check waits (15 s a try)
+    outcomes = []
+    for delay in (1.0, 0.2, 0.4, 0.6, 0.8):
+        proc = subprocess.Popen([CLI, *args], stdin=subprocess.DEVNULL, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        fault_proxy.hang = False
+        outcomes.append(proc.returncode)
+        if proc.returncode == 0:
+            assert is_mounted(mnt)
+            assert cli("unmount", str(mnt)).returncode == 0
+            continue
+        assert proc.returncode == 130, (delay, proc.returncode, err)
+        lines = err.strip().splitlines()  # (click ends the ^C line first)
+        assert len(lines) == 1 and lines[0].startswith("lakefs-mount: interrupted"), err
+        assert daemons_for(mnt) == [], delay
+        time.sleep(1.0)
+        assert not is_mounted(mnt), delay
+    assert outcomes[0] == 130
+
+
+def test_ctrl_c_to_a_foreground_mount_while_it_starts_ends_in_one_line(
+        s3_server: EmbeddedS3, bucket: str, fault_proxy, tmp_path: Path,
+        cleanup_paths: list[Path]) -> None:
+    """Issue 29 defect 6: Ctrl-C to `mount --foreground` while the daemon starts up in its
+    event loop (here while it retries the first directory-attribute probe after 503s)
+    printed 'daemon failed' with a traceback and `mount failed: ` with no cause; now one
+    line, status 130, nothing mounted."""
+    mnt = tmp_path / "mnt"
+    cleanup_paths.append(mnt)
+    fault_proxy.parse_requests = True
+    fault_proxy.answer_with(503, "SlowDown", 2, frozenset({"PUT"}))  # 0.2 + 0.4 s of retries
+    log_file = tmp_path / "daemon.log"
+    proc = subprocess.Popen(
+        [CLI, *mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
+                          fault_proxy.endpoint_url, "--foreground", mnt=mnt)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while fault_proxy.answered == 0:  # the event loop runs: the probe got its first 503
+        assert time.monotonic() < deadline and proc.poll() is None, log_file.read_text()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert fault_proxy.answered == 1, "the interrupt came too late to test anything"
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert lines[-1].startswith("lakefs-mount: interrupted"), err
+    assert "Traceback" not in err and "Traceback" not in log_file.read_text(), err
+    assert not is_mounted(mnt) and daemons_for(mnt) == []
+
+
 def test_stale_mount_after_kill9_is_cleaned_and_data_kept(mount_factory, s3) -> None:
     m: Mount = mount_factory()
     payload = os.urandom(3 * 1024 * 1024 + 17)
@@ -277,6 +341,23 @@ def test_cache_dir_below_a_file(s3_server: EmbeddedS3, bucket: str, tmp_path: Pa
                          "--log-file", str(tmp_path / "log"))
     assert_clean_failure(proc, mnt, "cannot create cache directory")
     assert str(tmp_path / "plain" / "c") in proc.stderr and took < 10
+
+
+def test_a_cache_dir_whose_journal_is_not_a_file_is_refused_in_one_line(
+        s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    """Issue 29 defect 6: the daemon's start-up OSErrors came out raw (`lakefs-mount:
+    [Errno 21] Is a directory: '.../journal.db'`); now they name the path, the cause
+    and what to do."""
+    (tmp_path / "cache" / "journal.db").mkdir(parents=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc, took = run_cli(*mount_args(tmp_path, f"s3://{bucket}", "--endpoint-url",
+                                     s3_server.endpoint_url, mnt=mnt))
+    assert_clean_failure(proc, mnt, "is a directory")
+    assert proc.returncode == 1 and took < 10
+    assert proc.stderr.count("\n") == 1 and "[Errno" not in proc.stderr, proc.stderr
+    assert str(tmp_path / "cache" / "journal.db") in proc.stderr, proc.stderr
+    assert "; " in proc.stderr and "--cache-dir" in proc.stderr, proc.stderr
 
 
 @pytest.fixture
@@ -316,9 +397,25 @@ def test_cache_dir_locked_by_live_daemon(mount_factory, s3_server: EmbeddedS3, b
                          s3_server.endpoint_url, "--cache-dir", str(first.cache_dir),
                          "--log-file", str(tmp_path / "log2"))
     assert_clean_failure(proc, mnt2, "in use by another lakefs-mount daemon")
-    assert took < 10
+    assert proc.returncode == 1 and took < 10  # as the README lists it
     assert first.flush().returncode == 0
     assert (first.path / "x.txt").read_bytes() == b"x"
+
+
+def test_a_cache_dir_of_another_bucket_is_refused_in_one_line_with_status_1(
+        mount_factory, s3_server: EmbeddedS3, bucket: str) -> None:
+    """Issue 29 defect 6: the README's status (1: what the daemon finds as it starts),
+    one line with what to do, and the cache directory's pending data untouched."""
+    first = mount_factory()
+    assert first.unmount().returncode == 0
+    other = f"{bucket}-other"
+    s3_server.create_bucket(other)
+    proc, took = run_cli(*mount_args(first.root, f"s3://{other}", "--endpoint-url",
+                                     s3_server.endpoint_url, mnt=first.path))
+    assert_clean_failure(proc, first.path, f"belongs to s3://{bucket}/")
+    assert proc.returncode == 1 and took < 10 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("lakefs-mount: ") and "use another --cache-dir" in proc.stderr
+    s3_server.store(other).delete_bucket()
 
 
 # ---------------------------------------------------------------------------- runtime

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import time
 
 from terminal import run_on_terminal
 
@@ -111,3 +112,23 @@ def test_flush_json_prints_progress_lines_and_the_result_for_scripts(mount_facto
     assert progress and 0 < total <= 24 * MiB
     assert all(p["done_bytes"] + p["bytes_left"] == total for p in progress)
     assert lines[-1]["result"]["files"] == 1
+
+
+def test_the_first_progress_line_after_s3_came_back_shows_no_old_error(mount_factory,
+                                                                      fault_proxy):
+    """Issue 29 defect 8: a flush started after an outage ended reported the outage's
+    error on its first progress line, before any request of its own had failed."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.fail = True
+    (m.path / "ckpt.bin").write_bytes(os.urandom(MiB))
+    deadline = time.monotonic() + 60
+    while m.counters().get("retries", 0) < 3:  # a few failed commits: a long backoff now
+        assert time.monotonic() < deadline, m.status()
+        time.sleep(0.2)
+    assert m.status()["last_error"]
+    fault_proxy.fail = False
+    proc = m.flush("--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert "progress" in lines[0] and lines[0]["progress"]["last_error"] is None, lines[0]
+    assert all(line.get("progress", {}).get("last_error") is None for line in lines), lines

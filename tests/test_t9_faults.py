@@ -37,7 +37,7 @@ import pytest
 from faultproxy import FaultProxy
 from mounting import CLI, Mount, _wait_gone
 from reliability import Row
-from test_t4_durability import _crash_with_pending_files
+from test_t4_durability import crash_with_pending_files
 
 from lakefs_mount.mountpoint import is_mounted
 
@@ -600,7 +600,8 @@ def test_a_30_percent_503_storm_on_uploads_lands_every_byte_and_shows_in_status(
 
 def _crash_with_five_pending_files(m: Mount, fault_proxy: FaultProxy) -> dict[str, bytes]:
     """Five fsync'ed files S3 never saw, then a kill -9 (test_t4_durability's helper)."""
-    bodies = _crash_with_pending_files(m, fault_proxy, 5, random.Random(SEED))
+    bodies = crash_with_pending_files(
+        m, fault_proxy, [200_000 + i for i in range(5)], random.Random(SEED))
     return {f"ckpt/pending-{i}.bin": body for i, body in enumerate(bodies)}
 
 

@@ -41,14 +41,36 @@ class AsyncStore:
         self.metrics = metrics
         self._limiter = trio.CapacityLimiter(max_threads)
         self._retry_now = trio.Event()
+        self._under_way: set[trio.CancelScope] = set()
+        self._abandoned = False
 
     async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0) -> T:
+        """One attempt in a worker thread. A cancelled caller still waits for it (its
+        time bound ends it): what it did to S3 must be known before anything else is
+        sent. Only `abandon_requests`, at an exit that cannot wait, leaves it behind."""
         def attempt() -> T:
             with stretched(stretch):
                 return fn(*args)
 
-        return await trio.to_thread.run_sync(attempt, limiter=self._limiter,
-                                             abandon_on_cancel=False)
+        with trio.CancelScope(shield=True) as request:
+            if self._abandoned:
+                request.cancel()
+            self._under_way.add(request)
+            try:
+                return await trio.to_thread.run_sync(attempt, limiter=self._limiter,
+                                                     abandon_on_cancel=True)
+            finally:
+                self._under_way.discard(request)
+        await trio.lowlevel.checkpoint()  # the exit's cancellation, which abandoned it
+        raise ObjectStoreError("the request was abandoned: the daemon is exiting")
+
+    def abandon_requests(self) -> None:
+        """Stop waiting for the requests under way and any later one (their threads run
+        on until the process exits): for an exit told not to wait, whose journal keeps
+        what they were sending for the next mount, as after a crash."""
+        self._abandoned = True
+        for request in self._under_way:
+            request.cancel()
 
     async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a

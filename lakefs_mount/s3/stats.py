@@ -161,10 +161,11 @@ class S3Stats:
         key = f" {oldest['key']}" if oldest["key"] else ""
         return f"{oldest['operation']}{key} for {oldest['age_s']:.0f} s"
 
-    def current_error(self) -> str | None:
+    def current_error(self, since: float | None = None) -> str | None:
         """The latest failure of a request that has not succeeded since (and is at most
-        ERROR_SHOWN_FOR old): what S3 is doing wrong now, for `status`'s last error."""
-        horizon = self._monotonic() - ERROR_SHOWN_FOR
+        ERROR_SHOWN_FOR old, and not older than `since`, a monotonic time): what S3 is
+        doing wrong now, for `status`'s last error and a flush's progress."""
+        horizon = max(self._monotonic() - ERROR_SHOWN_FOR, since or -float("inf"))
         with self._lock:
             recent = [f for f in self._streaks.values() if f.at >= horizon and f.message]
         return max(recent, key=lambda f: f.at).message if recent else None
