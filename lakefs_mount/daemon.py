@@ -417,7 +417,7 @@ class Daemon:
                       progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
         """List the orphaned cache files (D20), or upload them under `to` (a directory
         of the mount) and remove each one S3 confirms, unless `keep`."""
-        directory = orphans_dir(self.cache.data_dir)
+        directory = orphans_dir(self.cache.data_dir.parent)
         found = await trio.to_thread.run_sync(list_orphans, directory)
         result: dict[str, Any] = {"dir": str(directory),
                                   "orphans": [o.describe() for o in found]}
