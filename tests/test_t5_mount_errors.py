@@ -262,6 +262,9 @@ def test_an_interrupted_mount_mounts_nothing_behind_the_users_back(
         _, err = proc.communicate(timeout=60)
         fault_proxy.hang = False
         outcomes.append(proc.returncode)
+        if proc.returncode == -signal.SIGINT:  # before Python took SIGINT: nothing started
+            assert daemons_for(mnt) == [] and not is_mounted(mnt), delay
+            continue
         if proc.returncode == 0:
             assert is_mounted(mnt)
             assert cli("unmount", str(mnt)).returncode == 0
@@ -272,7 +275,7 @@ def test_an_interrupted_mount_mounts_nothing_behind_the_users_back(
         assert daemons_for(mnt) == [], delay
         time.sleep(1.0)
         assert not is_mounted(mnt), delay
-    assert outcomes[0] == 130
+    assert 130 in outcomes, outcomes
 
 
 def test_ctrl_c_to_a_foreground_mount_while_it_starts_ends_in_one_line(

@@ -494,7 +494,10 @@ def test_interrupted_flush_warmup_and_unmount_never_exit_0_falsely(
         proc = _interrupt(args, sig, delay)
         trials.runs += 1
         trials.early += early
-        assert "Traceback" not in proc.stderr, proc.stderr
+        # (a signal in the interpreter's own start-up, before any of ours ran, kills it
+        # with CPython's "init_import_site" report: nothing of the command was done)
+        assert "Traceback" not in proc.stderr or "init_import_site" in proc.stderr, \
+            proc.stderr
         if proc.returncode == 0:
             trials.zero += 1
             claim = f"{command} after {delay * 1000:.0f} ms ({signal.Signals(sig).name})"
