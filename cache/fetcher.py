@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import outcome
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
@@ -27,6 +28,7 @@ from lakefs_mount.s3.objectstore import ObjectInfo
 from lakefs_mount.uring import write_on_this_thread
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FRESH_FOR = 5.0  # seconds a fetched chunk may stay in the page cache with no reader past it
 SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
@@ -34,6 +36,23 @@ SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
 
 class FetchStopped(Exception):
     """A cancelled fetch's GET thread gives up at its next piece."""
+
+
+class _Filling:
+    """The mark of a chunk being filled, set at once (before the task that fills it runs,
+    so that a reader arriving meanwhile shares it) and cleared when the fill ends."""
+
+    def __init__(self, cf: CachedFile, idx: int) -> None:
+        self.cf = cf
+        self.idx = idx
+        self.done = cf.fetching[idx] = trio.Event()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        del self.cf.fetching[self.idx]
+        self.done.set()
 
 
 class Fetcher:
@@ -55,14 +74,17 @@ class Fetcher:
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns readahead and write-back of fetched chunks; every `every` seconds the fresh
         chunks nobody read to their end within FRESH_FOR seconds are written back."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            while True:
-                await trio.sleep(every)
-                stale = trio.current_time() - FRESH_FOR
-                for ref in [r for r, (_, _, at) in self.book.fresh.items() if at < stale]:
-                    self.settle_soon(*ref)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                while True:
+                    await trio.sleep(every)
+                    stale = trio.current_time() - FRESH_FOR
+                    for ref in [r for r, (_, _, at) in self.book.fresh.items() if at < stale]:
+                        self.settle_soon(*ref)
+        finally:
+            self._nursery = None
 
     async def settle_all(self) -> None:
         """Before unmounting: every fetched chunk still only in the page cache goes to disk
@@ -79,15 +101,34 @@ class Fetcher:
             return start, start
         return start, max(start, min(end, cf.base_size))
 
-    @contextmanager
-    def fetching(self, cf: CachedFile, idx: int) -> Iterator[None]:
+    def fetching(self, cf: CachedFile, idx: int) -> _Filling:
         """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
-        done = cf.fetching[idx] = trio.Event()
-        try:
-            yield
-        finally:
-            del cf.fetching[idx]
-            done.set()
+        return _Filling(cf, idx)
+
+    async def _for_waiter(self, fill: Callable[[], Awaitable[T]]) -> T:
+        """Run `fill` in the fetcher's own task and wait for its outcome. A waiter that is
+        cancelled (its request interrupted, FUSE_INTERRUPT) stops waiting at once and
+        the fill goes on, for the readers sharing it and the next one: its GET thread
+        writes into the cache file and cannot be abandoned, and stopping it would make
+        every reader of the chunk start again."""
+        if self._nursery is None:
+            return await fill()
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        async def run() -> None:
+            try:
+                result.append(outcome.Value(await fill()))
+            except Exception as exc:
+                result.append(outcome.Error(exc))
+            finally:
+                done.set()
+
+        self._nursery.start_soon(run)
+        await done.wait()
+        if not result:
+            raise FetchStopped("the fetch was stopped (unmounting)")
+        return result[0].unwrap()
 
     async def ensure_chunk(self, cf: CachedFile, idx: int, written_back: bool = False) -> None:
         """Make chunk `idx` readable from the cache file, fetching it from S3 if needed.
@@ -106,7 +147,16 @@ class Fetcher:
         if end <= start:
             self.book.new_chunk(cf, idx)  # a hole: zeros in the sparse file
             return
-        with self.fetching(cf, idx):
+        filling = self.fetching(cf, idx)  # at once: a reader arriving meanwhile shares it
+        if written_back:  # a warm-up: stopped with it
+            await self._fill(cf, idx, start, end, filling, written_back)
+        else:
+            await self._for_waiter(
+                lambda: self._fill(cf, idx, start, end, filling, written_back))
+
+    async def _fill(self, cf: CachedFile, idx: int, start: int, end: int, filling: _Filling,
+                    written_back: bool) -> None:
+        with filling:
             assert cf.base_key is not None
             async with self._fetch_slots, self.files.io(cf) as fd:
                 await self._get_into(fd, cf.base_key, start, end)
@@ -216,7 +266,13 @@ class Fetcher:
         if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
                 or not 0 < expected <= self.parts.chunk_range(0)[1]):
             return await self.store.head(cf.key)
-        with self.fetching(cf, 0):  # writers of chunk 0 wait, as for any fetch
+        filling = self.fetching(cf, 0)  # writers of chunk 0 wait, as for any fetch
+        return await self._for_waiter(lambda: self._fetch_small(cf, filling))
+
+    async def _fetch_small(self, cf: CachedFile, filling: _Filling) -> ObjectInfo | None:
+        expected = cf.base_size
+        assert cf.base_key is not None
+        with filling:
             async with self._fetch_slots, self.files.io(cf) as fd:
                 def keep(body: bytes) -> bool:  # in the GET's thread
                     if len(body) != expected:

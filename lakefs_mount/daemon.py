@@ -39,6 +39,7 @@ from lakefs_mount.dirindex import parent_dir_key
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
+from lakefs_mount.invalidations import Invalidations
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
 from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
@@ -151,6 +152,7 @@ class Daemon:
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
         self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
+        self.invalidations = Invalidations()  # remote changes the kernel is told of
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -171,7 +173,7 @@ class Daemon:
             self.ns = ns = Namespace(self.store, self.cache, config.prefix,
                                      config.metadata_ttl, (os.getuid(), os.getgid()),
                                      index_writer=self.index_writer, dir_attrs=dir_attrs,
-                                     names=names)
+                                     names=names, kernel=self.invalidations)
             self.index = index = ns.index
             self.flusher = Flusher(self.cache, config.upload_concurrency,
                                    commit_delay=config.commit_delay,
@@ -207,7 +209,10 @@ class Daemon:
                         log.info("%s", splice_advice())
                     self.trio_token = trio.lowlevel.current_trio_token()
                     report_ready(None)
-                    await session.serve()
+                    async with trio.open_nursery() as serving:  # ends before the close
+                        serving.start_soon(self.invalidations.run, session)
+                        await session.serve()
+                        serving.cancel_scope.cancel()
                     served = True
                 finally:  # (also interrupted before serving: nothing stays mounted)
                     session.close(unmount=self.terminated or not served)
@@ -251,7 +256,10 @@ class Daemon:
             except OSError as exc:
                 log.info("kernel read-ahead not tuned: %s", exc)
                 return
-            set_kernel_readahead(self.config.mountpoint, KERNEL_READ_AHEAD_KIB)
+            kib = KERNEL_READ_AHEAD_KIB
+            if isinstance(self.session, NativeSession):  # its requests may be larger
+                kib = max(kib, self.session.max_write // 1024)
+            set_kernel_readahead(self.config.mountpoint, kib)
 
         await trio.to_thread.run_sync(tune, abandon_on_cancel=True)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
 from lakefs_mount.fserrors import errno_of
@@ -20,6 +22,7 @@ T = TypeVar("T")
 # default, 1, concurrent requests made it end and start a trio task over and over: 1,172
 # of each for 1,000 small files created by 4 writers (4 starts with 16).
 FUSE_IDLE_TASKS = 16
+CLOSE_WAIT_SECONDS = 5.0  # how long close waits for an invalidation the kernel holds
 
 
 def entry(attr: Attr) -> pyfuse3.EntryAttributes:
@@ -119,8 +122,12 @@ class FuseOperations(pyfuse3.Operations):
         fh = await _call(self.fs.open, inode, flags)
         data = await _call(self.fs.page_cache_fill, fh)
         if data is not None:
-            try:  # the kernel keeps these pages: the open below says keep_cache
-                pyfuse3.notify_store(inode, 0, data)  # type: ignore[arg-type]  # any buffer
+            # the kernel keeps these pages (the open below says keep_cache); from a thread,
+            # as the kernel may hold the STORE until a READ of those pages is answered by
+            # this loop (issue 31 saw that deadlock; see lakefs_mount/invalidations.py)
+            try:
+                await trio.to_thread.run_sync(
+                    pyfuse3.notify_store, inode, 0, data)  # type: ignore[arg-type]  # any buffer
                 self.fs.page_cache_filled(fh)
             except OSError as exc:
                 log.debug("page cache of inode %d not filled: %s", inode, exc)
@@ -197,6 +204,8 @@ class Pyfuse3Session:
             self.options.add("ro")
         self.fs = fs
         self.mountpoint = mountpoint
+        self._in_use = threading.Lock()  # held while an invalidation uses the session
+        self._closed = False
 
     async def mount(self) -> None:
         pyfuse3.init(FuseOperations(self.fs), self.mountpoint, self.options)
@@ -208,4 +217,23 @@ class Pyfuse3Session:
         pyfuse3.terminate()
 
     def close(self, unmount: bool) -> None:
+        # an invalidation being sent uses the libfuse session that close frees
+        held = self._in_use.acquire(timeout=CLOSE_WAIT_SECONDS)
+        if not held:
+            log.warning("closing the FUSE session while the kernel holds an invalidation")
+        self._closed = True
+        if held:
+            self._in_use.release()
         pyfuse3.close(unmount=unmount)
+
+    def invalidate_inode(self, ino: int) -> None:
+        """Blocking (`KernelCaches`): the kernel drops the attributes and pages of `ino`."""
+        with self._in_use:
+            if not self._closed:
+                pyfuse3.invalidate_inode(ino)
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Blocking (`KernelCaches`): the kernel forgets the name `name` in `parent`."""
+        with self._in_use:
+            if not self._closed:
+                pyfuse3.invalidate_entry(parent, name)

@@ -23,6 +23,7 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
+from lakefs_mount.invalidations import Invalidations
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import SPECIAL_TYPES, decode_attrs
@@ -131,11 +132,14 @@ class Inode:
 class Namespace:
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], *, index_writer: str,
-                 dir_attrs: DirAttrs | None, names: NameLog | None = None) -> None:
+                 dir_attrs: DirAttrs | None, names: NameLog | None = None,
+                 kernel: Invalidations | None = None) -> None:
         self.store = store
         # Namespace changes not yet in S3: a listing shows what they make and hides what
         # they remove, as the bucket will once they are applied.
         self.names = names
+        # What the kernel caches of names and files found changed in S3 (the session sends)
+        self.kernel = kernel if kernel is not None else Invalidations()
         # The cache learns of files seen in S3 (a previous mount may hold them: adopt_warm),
         # of bases moving to a new version (their cached chunks are void: invalidate), and
         # GETs small objects whole at lookup (fetch_small_object).
@@ -412,6 +416,7 @@ class Namespace:
             if (name not in seen and name not in local_at_start
                     and not self._has_local_state(self.inodes[ino])):
                 self.detach(self.inodes[ino])
+                self.kernel.entry(dir_inode.ino, name)
         dir_inode.listed_at = time.monotonic()
 
     def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
@@ -434,6 +439,7 @@ class Namespace:
         cf.mtime_ns = int(obj.mtime * 1e9)
         cf.s3_meta = None
         inode.headed = False
+        self.kernel.inode(inode.ino)
 
     def _pending(self, key: str) -> bool:
         return self.names is not None and self.names.creating(key)
@@ -587,6 +593,7 @@ class Namespace:
         cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
         if cf.base_etag != info.etag:
             self.cache.invalidate(cf)
+            self.kernel.inode(inode.ino)
         cf.size = cf.base_size = info.size
         cf.base_etag = info.etag
         cf.validated_at = time.monotonic()

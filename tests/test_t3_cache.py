@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import stat
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -620,4 +621,40 @@ def test_rewriting_a_file_while_its_commit_runs_commits_the_new_content(tmp_path
                 await c.close_and_flush(cf)
             assert c.store.objects["re"].body == new
             assert cf.error_count == 0  # giving way is not an error
+    run(body)
+
+
+def test_a_reader_cancelled_while_its_get_is_held_stops_at_once_and_the_get_serves_the_rest(
+        tmp_path):
+    """An interrupted read (FUSE_INTERRUPT) cancels only its own wait: the GET it started
+    goes on for the reader sharing it, and is not sent again."""
+    release = threading.Event()
+
+    class HeldStore(MemoryObjectStore):
+        def get_range_into(self, key: str, start: int, end: int,
+                           write: Callable[[int, bytes], None]) -> int:
+            release.wait(30)
+            return super().get_range_into(key, start, end, write)
+
+    store = HeldStore()
+    data = random.randbytes(PART)
+    store.put("held", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("held", len(data))
+            shared: list[bytes] = []
+
+            async def sharer() -> None:
+                shared.append(await c.cache.read(cf, 4096, 100))
+
+            async with trio.open_nursery() as nursery:
+                with trio.move_on_after(0.3) as first:  # the reader that starts the GET
+                    nursery.start_soon(sharer)
+                    await c.cache.read(cf, 0, 100)
+                assert first.cancelled_caught and not shared
+                release.set()
+            assert shared == [data[4096:4196]]
+            assert await c.cache.read(cf, 0, 100) == data[:100]
+            assert store.calls["get_range"] == 1
     run(body)

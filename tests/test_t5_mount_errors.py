@@ -126,6 +126,7 @@ def test_missing_bucket(s3_server: EmbeddedS3, tmp_path: Path) -> None:
                       s3_server.endpoint_url)
     proc, took = run_cli(*args)
     assert_clean_failure(proc, tmp_path / "mnt", "no-such-bucket-xyz' does not exist")
+    assert "; check the name and the endpoint" in proc.stderr, proc.stderr
     assert took < 10
 
 

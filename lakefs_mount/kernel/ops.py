@@ -11,6 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import trio
+
 from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
 from lakefs_mount.fserrors import errno_of
 from lakefs_mount.kernel import device, wire
@@ -23,6 +25,12 @@ Reply = int | bytes | memoryview | list[bytes | memoryview]
 Handler = Callable[["Request"], Awaitable[Reply]]
 
 log = logging.getLogger(__name__)
+# What a FUSE_INTERRUPT may cancel: requests that change nothing before their last wait
+# (on S3, a fetch or the disk), so that a cancelled one leaves no trace and answers EINTR.
+# Every other request runs to its end once started (see `interruptible`).
+INTERRUPTIBLE = frozenset({
+    wire.Op.LOOKUP, wire.Op.GETATTR, wire.Op.READLINK, wire.Op.READ, wire.Op.OPENDIR,
+    wire.Op.READDIR, wire.Op.READDIRPLUS, wire.Op.STATFS})
 _VALID_S, _VALID_NS = wire.split_valid(ATTR_TIMEOUT)
 
 
@@ -63,7 +71,7 @@ class KernelOps:
             wire.Op.OPENDIR: self.opendir, wire.Op.READDIR: self.readdir,
             wire.Op.READDIRPLUS: self.readdir, wire.Op.RELEASEDIR: self.releasedir,
             wire.Op.FSYNCDIR: self.nothing, wire.Op.STATFS: self.statfs,
-            wire.Op.INTERRUPT: self.nothing, wire.Op.DESTROY: self.nothing,
+            wire.Op.DESTROY: self.nothing,
         }
 
     def attach(self, session: NativeSession) -> None:
@@ -108,6 +116,17 @@ class KernelOps:
             del self._backing[ino]
             if self.session is not None:
                 device.backing_close(self.session.fd, backing[0])
+
+    def interruptible(self, req: Request) -> bool:
+        """True if `req` may be cancelled midway (FUSE_INTERRUPT). Not so: a change of
+        names, attributes or bytes (cancelled halfway it could leave the journal, the
+        cache and S3 disagreeing about what the caller was told), a release, an fsync (its
+        wait is what the caller asked for), an open that may write or truncate; a
+        read-only open is, up to the moment it exists (`open`)."""
+        if req.opcode == wire.Op.OPEN:
+            flags, _ = wire.OPEN_IN.unpack_from(req.arg)
+            return flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC
+        return req.opcode in INTERRUPTIBLE
 
     async def dispatch(self, req: Request) -> Reply:
         handler = self._handlers.get(req.opcode)
@@ -209,17 +228,30 @@ class KernelOps:
     async def open(self, req: Request) -> Reply:
         flags, _ = wire.OPEN_IN.unpack_from(req.arg)
         fh = await self.fs.open(req.nodeid, flags)
-        reply = await self._open_reply(req.nodeid, fh)
-        if reply is not None:
-            return reply
+        try:
+            reply = await self._open_reply(req.nodeid, fh)
+            if reply is None:
+                await self._fill_page_cache(req.nodeid, fh)
+                keep = wire.FOPEN_KEEP_CACHE if self.fs.keep_cache(fh) else 0
+                reply = wire.OPEN_OUT.pack(fh, keep, 0)
+        except BaseException:
+            # Interrupted (a read-only open may be) or failed once the handle exists: the
+            # kernel never learns of it, so it is released here.
+            with trio.CancelScope(shield=True):
+                self._unback(fh)
+                await self.fs.release(fh)
+            raise
+        return reply
+
+    async def _fill_page_cache(self, ino: int, fh: int) -> None:
+        """A small file whose bytes are all cached goes into the kernel's page cache
+        before the open is answered (the reply then says keep_cache): its first read
+        costs no request. The STORE is written from a thread (`notify_from_thread`)."""
         data = await self.fs.page_cache_fill(fh)
-        if data is not None and self.session is not None:
-            # the kernel keeps these pages: the reply below says keep_cache
-            self.session.notify(wire.Notify.STORE, [
-                wire.NOTIFY_STORE.pack(req.nodeid, 0, len(data), 0), data])
+        if data is not None and self.session is not None and \
+                await self.session.notify_from_thread(wire.Notify.STORE, [
+                    wire.NOTIFY_STORE.pack(ino, 0, len(data), 0), data]):
             self.fs.page_cache_filled(fh)
-        keep = wire.FOPEN_KEEP_CACHE if self.fs.keep_cache(fh) else 0
-        return wire.OPEN_OUT.pack(fh, keep, 0)
 
     async def create(self, req: Request) -> Reply:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(req.arg)

@@ -8,10 +8,12 @@ both, and the protocol is a few structs (`wire.py`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +25,15 @@ from lakefs_mount.kernel.ops import KernelOps, Reply
 
 log = logging.getLogger(__name__)
 
-MAX_PAGES = 256  # 1 MiB requests: the kernel's default fs.fuse.max_pages_limit
+# 1 MiB requests (capped by fs.fuse.max_pages_limit, read at start; it sizes the request
+# buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
+# (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/request_size.py measures it).
+MAX_PAGES = 256
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
 # kernel turns into EOPNOTSUPP for the caller or a fallback of its own (lseek, copy).
-NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET, wire.Op.INTERRUPT)
+NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET)
 
 
 @dataclass
@@ -74,12 +79,16 @@ class NativeSession:
         self.read_only = read_only
         self.probe_dir = probe_dir
         self.fd = -1
-        self.max_write = MAX_PAGES * mmap.PAGESIZE
+        self._fd_lock = threading.Lock()
+        self.max_pages = min(MAX_PAGES, device.max_pages_limit())
+        self.max_write = self.max_pages * mmap.PAGESIZE
         self.passthrough = False
         self.passthrough_reason = "not negotiated yet"
         self.proto_minor = 0
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
+        # requests being served, by unique: the cancel scope of each interruptible one
+        self._in_flight: dict[int, trio.CancelScope | None] = {}
 
     async def mount(self) -> None:
         """Open a connection and mount it (root only); the kernel's INIT is answered by
@@ -116,8 +125,9 @@ class NativeSession:
             except OSError as exc:
                 log.warning("%s", exc)
         self.ops.detach()
-        os.close(self.fd)
-        self.fd = -1
+        with self._fd_lock:
+            os.close(self.fd)
+            self.fd = -1
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
         while True:
@@ -137,26 +147,55 @@ class NativeSession:
                     return
                 raise
             req = _parse(head, body, n)
-            if req.data is None:
+            if req.opcode == wire.Op.INTERRUPT:
                 self._buffers.give_back(buf)
-                nursery.start_soon(self._serve_one, req, None)
+                self._interrupt(req)
             else:
-                nursery.start_soon(self._serve_one, req, buf)
+                # registered before its task runs: an INTERRUPT read next finds it
+                scope = trio.CancelScope() if self.ops.interruptible(req) else None
+                self._in_flight[req.unique] = scope
+                if req.data is None:
+                    self._buffers.give_back(buf)
+                    nursery.start_soon(self._serve_one, req, None, scope)
+                else:
+                    nursery.start_soon(self._serve_one, req, buf, scope)
             await trio.lowlevel.checkpoint()
 
-    async def _serve_one(self, req: Request,
-                         buf: tuple[bytearray, mmap.mmap] | None) -> None:
+    async def _serve_one(self, req: Request, buf: tuple[bytearray, mmap.mmap] | None,
+                         scope: trio.CancelScope | None) -> None:
         try:
             if req.opcode == wire.Op.INIT:
                 self._init(req)
                 return
-            reply = await self.ops.dispatch(req)
+            with scope or contextlib.nullcontext():
+                reply = await self.ops.dispatch(req)
+            if scope is not None and scope.cancelled_caught:
+                reply = errno.EINTR  # the one reply of an interrupted request
         finally:
+            del self._in_flight[req.unique]
             req.data = None
             if buf is not None:
                 self._buffers.give_back(buf)
         if req.opcode not in NO_REPLY:
             self.reply(req.unique, reply)
+
+    def _interrupt(self, req: Request) -> None:
+        """FUSE_INTERRUPT: the process waiting for request `unique` got a signal (or was
+        killed, and waits for the reply in D state). An interruptible request is
+        cancelled and answers EINTR, unless it finishes first; one that may not stop
+        halfway (`KernelOps.interruptible`) runs to its end and the interrupt is
+        dropped. A request not seen (already answered, or not yet read: the kernel's
+        rules allow an INTERRUPT to overtake it) gets EAGAIN, which has the kernel send
+        the INTERRUPT again if the request is still waiting, and is ignored otherwise."""
+        (unique,) = wire.INTERRUPT_IN.unpack_from(req.arg)
+        if unique not in self._in_flight:
+            self.reply(req.unique, errno.EAGAIN)
+            return
+        scope = self._in_flight[unique]
+        log.debug("interrupt of request %d: %s", unique,
+                  "cancelled" if scope is not None else "runs to its end")
+        if scope is not None:
+            scope.cancel()
 
     def reply(self, unique: int, reply: Reply) -> None:
         """Send a reply: an int is an errno (0: success with no data), else the payload."""
@@ -168,9 +207,45 @@ class NativeSession:
         size = wire.OUT_HEADER.size + sum(len(p) for p in parts)
         self._write([wire.OUT_HEADER.pack(size, 0, unique), *parts])
 
-    def notify(self, code: wire.Notify, parts: list[bytes | memoryview]) -> None:
+    async def notify_from_thread(self, code: wire.Notify,
+                                 parts: list[bytes | memoryview]) -> bool:
+        """Send a notification from a worker thread; True once the kernel took it.
+
+        Never from the loop: the kernel holds the write until it can lock what the
+        notification touches (the pages of a STORE or INVAL_INODE, the directory of an
+        INVAL_ENTRY), and the request that holds that lock (a READ of those pages, a
+        LOOKUP in that directory) is answered by this loop. Written from the loop, that
+        wait never ends: issue 31 saw it with pyfuse3's notify_store at open. Cancelled,
+        the caller stops waiting and the thread finishes on its own."""
+        return await trio.to_thread.run_sync(self._notify_blocking, code, parts,
+                                             abandon_on_cancel=True)
+
+    def _notify_blocking(self, code: wire.Notify, parts: list[bytes | memoryview]) -> bool:
+        with self._fd_lock:  # a duplicate: `close` may run while this thread waits
+            if self.fd < 0:
+                return False
+            fd = os.dup(self.fd)
         size = wire.OUT_HEADER.size + sum(len(p) for p in parts)
-        self._write([wire.OUT_HEADER.pack(size, code, 0), *parts])
+        try:
+            os.writev(fd, [wire.OUT_HEADER.pack(size, code, 0), *parts])
+            return True
+        except OSError as exc:  # ENOENT: the inode or name is not cached; ENODEV: gone
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.warning("FUSE notification %s not sent: %s", code.name, exc)
+            return False
+        finally:
+            os.close(fd)
+
+    def invalidate_inode(self, ino: int) -> None:
+        """Blocking (`KernelCaches`): the kernel drops the attributes and cached pages
+        of `ino`."""
+        self._notify_blocking(wire.Notify.INVAL_INODE,
+                              [wire.NOTIFY_INVAL_INODE.pack(ino, 0, 0)])
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Blocking (`KernelCaches`): the kernel forgets the name `name` in `parent`."""
+        self._notify_blocking(wire.Notify.INVAL_ENTRY, [
+            wire.NOTIFY_INVAL_ENTRY.pack(parent, len(name), 0), name + b"\0"])
 
     def _write(self, parts: list[bytes | memoryview]) -> None:
         try:
@@ -195,12 +270,10 @@ class NativeSession:
         granted = wanted & offered
         if not granted & wire.PASSTHROUGH:
             self.passthrough_reason = "the kernel does not offer FUSE passthrough"
-        max_pages = min(MAX_PAGES, device.max_pages_limit())
-        self.max_write = max_pages * mmap.PAGESIZE
         stack_depth = 1 if granted & wire.PASSTHROUGH else 0
         self.reply(req.unique, [wire.INIT_OUT.pack(
             wire.KERNEL_MAJOR, self.proto_minor, max_readahead, granted & 0xFFFFFFFF, 0, 0,
-            self.max_write, 1, max_pages, 0, granted >> 32, stack_depth, 0)])
+            self.max_write, 1, self.max_pages, 0, granted >> 32, stack_depth, 0)])
         if granted & wire.PASSTHROUGH:
             self._probe_passthrough()
         log.info("native FUSE session: protocol 7.%d, %d KiB requests, passthrough %s",

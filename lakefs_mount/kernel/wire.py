@@ -69,6 +69,8 @@ class Op(enum.IntEnum):
 
 
 class Notify(enum.IntEnum):
+    INVAL_INODE = 2
+    INVAL_ENTRY = 3
     STORE = 4
 
 
@@ -127,6 +129,12 @@ WRITE_IN = struct.Struct("<QQIIQII")  # fh offset size write_flags lock_owner fl
 RELEASE_IN = struct.Struct("<QII")  # fh flags release_flags
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
 NOTIFY_STORE = struct.Struct("<QQII")  # nodeid offset size padding
+NOTIFY_INVAL_INODE = struct.Struct("<Qqq")  # nodeid offset length (length < 0: to the end)
+NOTIFY_INVAL_ENTRY = struct.Struct("<QII")  # parent namelen flags, then the name and a NUL
+INTERRUPT_IN = struct.Struct("<Q")  # unique of the interrupted request
+# An INTERRUPT's own unique is the interrupted request's with this bit set (the kernel's
+# FUSE_INT_REQ_BIT): a reply to it, EAGAIN, asks the kernel to send it again later.
+INT_REQ_BIT = 1
 
 WRITE_DATA_OFFSET = IN_HEADER.size + WRITE_IN.size  # 80: where a WRITE's bytes start
 

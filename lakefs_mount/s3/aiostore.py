@@ -44,14 +44,20 @@ class AsyncStore:
         self._under_way: set[trio.CancelScope] = set()
         self._abandoned = False
 
-    async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0) -> T:
+    async def _once(self, fn: Callable[..., T], *args: Any, stretch: float = 1.0,
+                    abandon: bool = False) -> T:
         """One attempt in a worker thread. A cancelled caller still waits for it (its
         time bound ends it): what it did to S3 must be known before anything else is
-        sent. Only `abandon_requests`, at an exit that cannot wait, leaves it behind."""
+        sent. A call that changes nothing (`abandon`: a HEAD, a listing, whose request
+        was interrupted) is left behind at once, as is every call after
+        `abandon_requests`, at an exit that cannot wait."""
         def attempt() -> T:
             with stretched(stretch):
                 return fn(*args)
 
+        if abandon:
+            return await trio.to_thread.run_sync(attempt, limiter=self._limiter,
+                                                 abandon_on_cancel=True)
         with trio.CancelScope(shield=True) as request:
             if self._abandoned:
                 request.cancel()
@@ -72,17 +78,19 @@ class AsyncStore:
         for request in self._under_way:
             request.cancel()
 
-    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None,
+                   abandon: bool = False) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a
         connection refused), QUICK_ATTEMPTS times: lookups and namespace changes."""
         if what is None:
             what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *args[:1]))
         return await self.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS,
-                                   transient_only=True)
+                                   transient_only=True, abandon=abandon)
 
     async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
                        on_error: Callable[[Exception], None] | None = None,
-                       max_attempts: float = math.inf, transient_only: bool = False) -> T:
+                       max_attempts: float = math.inf, transient_only: bool = False,
+                       abandon: bool = False) -> T:
         """Retry with exponential backoff (`retry.delay_after`) until it works, or until
         `max_attempts`; with `transient_only`, a failure that is not transient ends it.
 
@@ -96,7 +104,8 @@ class AsyncStore:
         while True:
             attempt += 1
             try:
-                return await self._once(fn, *args, stretch=stretch_after(timeouts))
+                return await self._once(fn, *args, stretch=stretch_after(timeouts),
+                                        abandon=abandon)
             except PERMANENT:
                 raise
             except (ObjectStoreError, OSError) as exc:
@@ -126,11 +135,13 @@ class AsyncStore:
 
     async def head(self, key: str) -> ObjectInfo | None:
         self.metrics[m.HEADS] += 1
-        return await self.call(self.sync.head, key)
+        # abandoned when cancelled: nothing waits on the thread, and an interrupted lookup
+        # (FUSE_INTERRUPT) returns at once instead of when S3 answers
+        return await self.call(self.sync.head, key, abandon=True)
 
     async def list_dir(self, prefix: str) -> Listing:
         self.metrics[m.LISTS] += 1
-        return await self.call(self.sync.list_dir, prefix)
+        return await self.call(self.sync.list_dir, prefix, abandon=True)
 
     async def list_recursive(self, prefix: str) -> list[ObjectInfo]:
         def collect() -> list[ObjectInfo]:

@@ -324,7 +324,8 @@ class S3ObjectStore:
             code, status = reply.code, reply.status
             if code == "NoSuchBucket" or (op == "HeadBucket" and status == 404):
                 raise NoSuchBucket(
-                    f"bucket '{self.bucket}' does not exist at {self._where}") from exc
+                    f"bucket '{self.bucket}' does not exist at {self._where}; check the name "
+                    f"and the endpoint (--endpoint-url, --region), or create it") from exc
             if code in _AUTH_CODES or status == 403:
                 raise AccessDenied(
                     f"access denied to bucket '{self.bucket}' at {self._where} ({code or status}):"
