@@ -19,6 +19,7 @@ from lakefs_mount.config import MountConfig, human_bytes, orphans_dir
 from lakefs_mount.mountpoint import cleanup_stale, is_mounted, is_stale
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report the mount
+INTERRUPT_POLL = 0.05  # seconds between looks for a Ctrl-C while waiting for the daemon
 CALL_OFF_WAIT = 5.0  # seconds an interrupted mount waits for its daemon to exit, per signal
 
 
@@ -53,12 +54,23 @@ def daemonize(config: MountConfig) -> int:
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    # Ctrl-C from here on is noted, never raised: raised between the fork and the wait,
+    # or after the report, it ended the command as `interrupted` with a daemon that mounts
+    # (or had mounted) behind it. The wait decides what a noted one means.
+    interrupted: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
     pid = os.fork()
     if pid == 0:  # child: never returns
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.close(read_fd)
         _daemon_child(config, write_fd)
     os.close(write_fd)
-    return _wait_ready(config, pid, read_fd)
+    try:
+        return _wait_ready(config, pid, read_fd, interrupted)
+    finally:
+        # the command is decided: a late Ctrl-C must not kill it with a signal status
+        # (Python restores SIGINT's default while it exits; an ignored one it leaves)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _daemon_child(config: MountConfig, write_fd: int) -> None:
@@ -120,12 +132,16 @@ def _daemon_child(config: MountConfig, write_fd: int) -> None:
             os._exit(rc)
 
 
-def _wait_ready(config: MountConfig, pid: int, read_fd: int) -> int:
-    """Parent side: wait for the child's one JSON line on the pipe."""
+def _wait_ready(config: MountConfig, pid: int, read_fd: int, interrupted: list[int]) -> int:
+    """Parent side: wait for the child's one JSON line on the pipe. A Ctrl-C noted before
+    the line arrived (`interrupted`) stops the daemon, mounted or not."""
     buf = b""
     deadline = time.monotonic() + READY_TIMEOUT
     try:
         while b"\n" not in buf:
+            if interrupted:
+                _call_off(config, pid)
+                raise CliError("interrupted; nothing is mounted (the daemon was stopped)", 130)
             left = deadline - time.monotonic()
             if left <= 0:
                 os.kill(pid, signal.SIGTERM)
@@ -133,16 +149,12 @@ def _wait_ready(config: MountConfig, pid: int, read_fd: int) -> int:
                            f"within {READY_TIMEOUT:g} s; stopped it. See {config.log_file}",
                            err=True)
                 return 1
-            ready, _, _ = select.select([read_fd], [], [], left)
+            ready, _, _ = select.select([read_fd], [], [], min(left, INTERRUPT_POLL))
             if ready:
                 chunk = os.read(read_fd, 65536)
                 if not chunk:
                     break
                 buf += chunk
-    except KeyboardInterrupt:
-        _call_off(config, pid)
-        raise CliError("interrupted; nothing is mounted (the daemon was stopped)",
-                       130) from None
     finally:
         os.close(read_fd)
     if b"\n" not in buf:

@@ -87,7 +87,11 @@ class KernelOps:
         session = self.session
         if session is None or not session.passthrough:
             return None
-        fd = await self.fs.passthrough(fh)
+        try:
+            fd = await self.fs.passthrough(fh)
+        except OSError as exc:  # e.g. a full disk refused the journal's record of it
+            log.warning("passthrough not entered for inode %d: %s", ino, exc)
+            return None  # the open itself stands: it goes through the daemon
         if fd is None:
             return None
         try:
@@ -105,6 +109,13 @@ class KernelOps:
         backing[1] += 1
         self._backed_fh[fh] = ino
         return wire.OPEN_OUT.pack(fh, wire.FOPEN_PASSTHROUGH, backing[0])
+
+    async def _drop_handle(self, fh: int) -> None:
+        """An open or create that fails once its handle exists: the kernel never learns of
+        the handle, so it is released here (shielded: also when interrupted)."""
+        with trio.CancelScope(shield=True):
+            self._unback(fh)
+            await self.fs.release(fh)
 
     def _unback(self, fh: int) -> None:
         ino = self._backed_fh.pop(fh, None)
@@ -234,12 +245,8 @@ class KernelOps:
                 await self._fill_page_cache(req.nodeid, fh)
                 keep = wire.FOPEN_KEEP_CACHE if self.fs.keep_cache(fh) else 0
                 reply = wire.OPEN_OUT.pack(fh, keep, 0)
-        except BaseException:
-            # Interrupted (a read-only open may be) or failed once the handle exists: the
-            # kernel never learns of it, so it is released here.
-            with trio.CancelScope(shield=True):
-                self._unback(fh)
-                await self.fs.release(fh)
+        except BaseException:  # interrupted (a read-only open may be) or failed
+            await self._drop_handle(fh)
             raise
         return reply
 
@@ -257,7 +264,11 @@ class KernelOps:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(req.arg)
         (name,) = wire.names(req.arg[wire.CREATE_IN.size:], 1)
         fh, attr = await self.fs.create(req.nodeid, _name(name), mode, flags, req.uid, req.gid)
-        reply = await self._open_reply(attr.ino, fh)
+        try:
+            reply = await self._open_reply(attr.ino, fh)
+        except BaseException:
+            await self._drop_handle(fh)
+            raise
         return [entry_out(attr), reply or wire.OPEN_OUT.pack(fh, 0, 0)]
 
     async def read(self, req: Request) -> Reply:
