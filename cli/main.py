@@ -21,6 +21,7 @@ from lakefs_mount import control
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
+from lakefs_mount.cli.publish import COMMANDS as PUBLISH_COMMANDS
 from lakefs_mount.config import (
     MiB,
     MountConfig,
@@ -116,6 +117,10 @@ def _is_relative_to(path: Path, root: Path) -> bool:
 @click.version_option(package_name="lakefs-mount", prog_name=PROG)
 def cli() -> None:
     """Mount an S3 bucket with a crash-safe local write-back cache (built for checkpoints)."""
+
+
+for _command in PUBLISH_COMMANDS:  # commit, verify (cli/publish.py)
+    cli.add_command(_command)
 
 
 MOUNT_EPILOG = """\b

@@ -1,0 +1,20 @@
+"""lakefs-mount: a FUSE mount of an S3 bucket with a crash-safe write-back cache.
+
+The Python API (lakefs_mount/api.py) loads on first use, so `import lakefs_mount` stays
+cheap: flush(path), commit(path, expect_files=None, ...), verify(path), status(mountpoint),
+and the exceptions LakefsMountError and NotALakefsMount.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["flush", "commit", "verify", "status", "LakefsMountError", "NotALakefsMount"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from lakefs_mount import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'lakefs_mount' has no attribute {name!r}")

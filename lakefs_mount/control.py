@@ -9,6 +9,9 @@ connection):
     request   {"op": "status"}
               {"op": "flush", "path": "step_100" | null}     # relative to the mount root
               {"op": "unmount", "flush": true | false}
+              {"op": "commit", "path": "ckpt/step_100", "expect_files": 8 | null,
+               "expect": ["rank0.pt", ...], "timeout": 60.0 | null}
+              {"op": "verify", "path": "ckpt/step_100"}
               {"op": "orphans", "upload": false}                # list them
               {"op": "orphans", "upload": true, "to": "lost+found" | null, "keep": false}
     response  zero or more {"progress": {...}} lines, then exactly one of
@@ -76,6 +79,11 @@ class ControlHandler(Protocol):
                      progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
     async def prepare_unmount(self, flush: bool) -> dict: ...
+
+    async def commit(self, request: dict,
+                     progress: Callable[[dict], Awaitable[None]]) -> dict: ...
+
+    async def verify(self, path: str) -> dict: ...
 
     async def orphans(self, upload: bool, to: str | None, keep: bool,
                       progress: Callable[[dict], Awaitable[None]]) -> dict: ...
@@ -277,6 +285,11 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
                 bool(request.get("upload")), to, bool(request.get("keep")), progress))
         elif op == "unmount":
             result = await handler.prepare_unmount(bool(request.get("flush", True)))
+        elif op == "commit":  # (publish.py checks the request's fields)
+            result = await _while_client_waits(stream, op, handler.commit(request, progress))
+        elif op == "verify":
+            result = await _while_client_waits(stream, op,
+                                               handler.verify(str(request.get("path") or "")))
         else:
             raise ValueError(f"unknown op {op!r}")
     except (trio.BrokenResourceError, trio.ClosedResourceError):

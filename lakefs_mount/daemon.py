@@ -46,6 +46,7 @@ from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
+from lakefs_mount.publish import commit_request, verify_path
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
@@ -434,6 +435,13 @@ class Daemon:
         to = DEFAULT_DIR if to is None else to.strip("/")
         report = await self.orphan_uploader.upload_all(found, to, keep, progress)
         return {**result, "to": to, "uploaded": report.uploaded, "failed": report.failed}
+
+    async def commit(self, request: dict, progress: Callable[[dict], Awaitable[None]]
+                     ) -> dict[str, Any]:
+        return await commit_request(self, request, progress)  # (publish.py)
+
+    async def verify(self, path: str) -> dict[str, Any]:
+        return await verify_path(self, path)
 
     async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
         if flush:

@@ -11,6 +11,8 @@ methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 `parse_requests = True` (which reads requests one by one instead of pumping bytes);
 `answer_share(status, code, share, methods, seed)` answers that share of them (a storm),
 drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
+`requests_log` lists (method, target) of every request read on parsed connections, in the
+order they were forwarded (which request came after which).
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
@@ -54,6 +56,7 @@ class FaultProxy:
         self._storm: tuple[int, str, float, frozenset[str]] | None = None
         self._storm_rng = random.Random(0)
         self.requests_seen = 0  # requests read on parsed connections
+        self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
         self._fail = False
         self._hang = False
         self._lock = threading.Lock()
@@ -204,6 +207,9 @@ class FaultProxy:
                 length = int(fields.get("content-length", "0"))
                 waits = fields.get("expect", "").lower() == "100-continue"  # body not yet sent
                 answer = self._injected(lines[0].split(" ", 1)[0])
+                method, target = (lines[0].split(" ") + ["", ""])[:2]
+                with self._lock:
+                    self.requests_log.append((method, target))
                 if self._hang:  # swallowed: never forwarded, never answered
                     while client.recv(_CHUNK):
                         pass

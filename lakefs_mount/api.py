@@ -1,0 +1,92 @@
+"""The Python API: flush, commit and status of a lakefs-mount mount from training code,
+through the daemon's control socket (no subprocess).
+
+    import lakefs_mount
+    lakefs_mount.flush("/mnt/ckpt/step_100")
+    lakefs_mount.commit("/mnt/ckpt/step_100", expect_files=8, timeout=600)
+
+A path is any path inside a mount; the mount is found in /proc/self/mountinfo.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from lakefs_mount import control
+from lakefs_mount.config import control_socket_path
+from lakefs_mount.mountpoint import read_mountinfo
+
+FSTYPE = "fuse.lakefs-mount"
+
+
+class LakefsMountError(Exception):
+    """A call failed: no daemon, S3 failing, a timeout; `str()` says why."""
+
+
+class NotALakefsMount(LakefsMountError):
+    """The path is not inside a lakefs-mount mount."""
+
+
+def locate(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """(mount point, path relative to its root, "" for the root) of a path inside a
+    lakefs-mount mount; NotALakefsMount otherwise."""
+    target = Path(os.path.realpath(path))
+    best: Path | None = None
+    fstype = ""
+    for entry in read_mountinfo():  # the deepest mount holding it; a later one covers
+        mp = Path(entry.mountpoint)
+        if (target == mp or mp in target.parents) and (
+                best is None or len(mp.parts) >= len(best.parts)):
+            best, fstype = mp, entry.fstype
+    if best is None or not _is_ours(fstype, best):
+        raise NotALakefsMount(f"{path} is not on a lakefs-mount mount (no such mount "
+                              f"contains {target})")
+    return best, target.relative_to(best).as_posix().strip(".")
+
+
+def _is_ours(fstype: str, mountpoint: Path) -> bool:
+    """A FUSE mount whose daemon's control socket exists (the fstype alone does not
+    tell: libfuse names it after the program)."""
+    return fstype.startswith("fuse") and control_socket_path(mountpoint).exists()
+
+
+def _call(mountpoint: Path, request: dict, timeout: float | None,
+          on_progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    try:
+        return control.call(mountpoint, request, timeout=timeout, on_progress=on_progress)
+    except control.ControlError as exc:
+        raise LakefsMountError(f"{request['op']} on {mountpoint}: {exc}") from None
+
+
+def flush(path: str | os.PathLike[str], timeout: float | None = None,
+          on_progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Block until everything written under `path` is in S3 (as `lakefs-mount flush`)."""
+    mp, rel = locate(path)
+    return _call(mp, {"op": "flush", "path": rel or None}, timeout, on_progress)
+
+
+def commit(path: str | os.PathLike[str], expect_files: int | None = None,
+           expect: Iterable[str] = (), timeout: float | None = None,
+           on_progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Publish the checkpoint directory `path` with its manifest (as `lakefs-mount
+    commit`); returns the manifest's key, the number of files and bytes."""
+    mp, rel = locate(path)
+    request = {"op": "commit", "path": rel, "expect_files": expect_files,
+               "expect": list(expect), "timeout": timeout}
+    return _call(mp, request, None if timeout is None else timeout + 60, on_progress)
+
+
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint at `path` against its manifest (as `lakefs-mount verify`): a
+    report whose "ok" is True only if everything matches."""
+    mp, rel = locate(path)
+    return _call(mp, {"op": "verify", "path": rel}, None)
+
+
+def status(mountpoint: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]:
+    """The status of the mount containing `mountpoint` (as `lakefs-mount status --json`)."""
+    mp, _ = locate(mountpoint)
+    return _call(mp, {"op": "status"}, timeout)
