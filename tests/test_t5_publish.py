@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import unquote
 
 import crc32c
@@ -118,7 +119,19 @@ def _verify(*args: str) -> subprocess.CompletedProcess:
     return cli("verify", *args)
 
 
-def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_server):
+def _readme_reader(monkeypatch, endpoint_url: str):
+    """The README's boto3-only reader snippet, as printed there."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b for b in readme.split("```python\n")[1:] if "def checkpoint_ok" in b)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint_url)
+    scope: dict = {}
+    exec(block.split("```")[0], scope)
+    return scope["checkpoint_ok"]
+
+
+def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_server,
+                                                                 monkeypatch):
+    checkpoint_ok = _readme_reader(monkeypatch, s3_server.endpoint_url)
     data = {f"f{i}.bin": os.urandom(MiB + i) for i in range(4)}
     for rel, body in data.items():
         _write(mount.path / "ck" / rel, body)
@@ -128,11 +141,13 @@ def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_s
         proc = _verify(*args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.startswith(f"OK s3://{mount.bucket}/ck/: 4 files")
+    assert checkpoint_ok(mount.bucket, "ck/") is True
 
     s3.put("ck/f0.bin", os.urandom(MiB), {})  # altered behind the mount's back
     s3.delete("ck/f1.bin")
     s3.put("ck/extra.bin", b"extra", {})
     expected = ["etag: f0.bin:", "missing: f1.bin:", "extra: extra.bin:"]
+    assert checkpoint_ok(mount.bucket, "ck/") is False
     for args in ((str(mount.path), "ck"), s3_form):
         proc = _verify(*args)
         assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -162,6 +177,7 @@ def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_s
         proc = _verify(*args)
         assert proc.returncode == 3, proc.stderr
         assert "no manifest" in proc.stderr and "never committed" in proc.stderr
+    assert checkpoint_ok(mount.bucket, "never/") is False
     proc = _verify(str(mount.path), "ck", "--endpoint-url", s3_server.endpoint_url)
     assert proc.returncode == 2 and "s3://BUCKET/PREFIX only" in proc.stderr
 
