@@ -46,7 +46,7 @@ from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
-from lakefs_mount.publish import commit_request, verify_path
+from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
@@ -203,6 +203,7 @@ class Daemon:
                     await nursery.start(serve_control, socket_path, self)
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
+                    nursery.start_soon(resume_pending_commits, self)  # a crash left them
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
                              session.name)

@@ -11,6 +11,7 @@ manifest goes up last; its presence means "complete" (manifest.py).
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.journal import Journal
 from lakefs_mount.config import mount_id
 from lakefs_mount.manifest import MANIFEST_NAME, Entry, build, encode_crc
 from lakefs_mount.objecthash import ObjectHasher
@@ -40,6 +42,8 @@ Progress = Callable[[dict], Awaitable[None]]
 POLL_FIRST = 0.2  # seconds between listings while waiting for other nodes' objects
 POLL_MAX = 2.0
 HEADS_AT_ONCE = 16
+PENDING_META = "pending_commits"  # journal meta: path -> the commit request under way
+RESUMED_TIMEOUT = 600.0  # seconds a resumed commit without a --timeout waits for files
 MANIFEST_PUT_ATTEMPTS = 6
 
 
@@ -196,9 +200,58 @@ def _expectation(request: dict) -> tuple[str, Expectation, float | None]:
     return path, Expectation(files, tuple(n.strip("/") for n in names)), timeout
 
 
+def _set_pending(journal: Journal, path: str, request: dict | None) -> None:
+    """Record (or, None, forget) the commit of `path` under way (in the journal's thread)."""
+    pending = json.loads(journal.get_meta(PENDING_META) or "{}")
+    if request is None:
+        pending.pop(path, None)
+    else:
+        pending[path] = request
+    journal.set_meta(PENDING_META, json.dumps(pending, sort_keys=True))
+
+
 async def commit_request(daemon: Daemon, request: dict, progress: Progress) -> dict[str, Any]:
+    """A commit, recorded in the journal while it runs: a crash before its manifest is
+    in S3 leaves the record, and the next mount finishes it (`resume_pending_commits`).
+    One that ends (done, failed, interrupted) forgets it: its caller heard how it went."""
     path, expect, timeout = _expectation(request)
-    return await Publisher(daemon).commit(path, expect, timeout, progress)
+    path = path.strip("/")
+    record = {"expect_files": expect.files, "expect": list(expect.names), "timeout": timeout,
+              "requested_at": time.time()}
+    await daemon.journal(_set_pending, daemon.journal.sync, path, record)
+    try:
+        return await Publisher(daemon).commit(path, expect, timeout, progress)
+    finally:
+        with trio.CancelScope(shield=True):
+            await daemon.journal(_set_pending, daemon.journal.sync, path, None)
+
+
+async def resume_pending_commits(daemon: Daemon) -> None:
+    """Finish the commits a crashed mount left (journal), each as it was asked for; one
+    without a --timeout waits at most RESUMED_TIMEOUT for the files it expects."""
+    found = await daemon.journal(daemon.journal.sync.get_meta, PENDING_META)
+    pending: dict[str, dict] = json.loads(found or "{}")
+    if not pending:
+        return
+
+    async def finish(path: str, record: dict) -> None:
+        log.info("finishing the commit of /%s that the last mount began", path)
+        request = {**record, "path": path, "timeout": record.get("timeout") or RESUMED_TIMEOUT}
+        try:
+            result = await commit_request(daemon, request, _no_progress)
+        except Exception as exc:  # (logged: nobody waits for it)
+            log.error("the commit of /%s that the last mount began did not finish: %s; "
+                      "run lakefs-mount commit again", path, exc)
+            return
+        log.info("finished the commit of /%s: manifest %s", path, result["manifest"])
+
+    async with trio.open_nursery() as nursery:
+        for path, record in pending.items():
+            nursery.start_soon(finish, path, record)
+
+
+async def _no_progress(_: dict) -> None:
+    return None
 
 
 async def verify_path(daemon: Daemon, path: str) -> dict[str, Any]:

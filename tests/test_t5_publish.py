@@ -4,17 +4,20 @@ with and without a mount, and the Python API drives a mount without a subprocess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
 import crc32c
 import pytest
 from mounting import CLI, cli
+from test_t5_s3_black_hole import wait_for
 
 from lakefs_mount.manifest import MANIFEST_NAME, encode_crc
 
@@ -34,6 +37,19 @@ def _manifest(s3, prefix: str) -> dict:
 
 def _crc(data: bytes) -> str:
     return encode_crc(crc32c.crc32c(data))
+
+
+@contextlib.contextmanager
+def _running(*args: str) -> Iterator[subprocess.Popen]:
+    """`lakefs-mount ARGS` in the background, killed if the test leaves it running."""
+    proc = subprocess.Popen([CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_commit_lists_exactly_the_files_with_their_crc32c_and_writes_the_manifest_last(
@@ -87,19 +103,13 @@ def test_commit_lists_exactly_the_files_with_their_crc32c_and_writes_the_manifes
 def test_commit_waits_for_another_nodes_file_and_times_out_when_one_never_comes(mount, s3):
     _write(mount.path / "run" / "rank0.pt", b"zero" * 1000)
     started = time.monotonic()
-    proc = subprocess.Popen([CLI, "commit", str(mount.path), "run", "--expect-files", "2",
-                             "--timeout", "30"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
+    with _running("commit", str(mount.path), "run", "--expect-files", "2", "--timeout",
+                  "30") as proc:
         time.sleep(2.0)
         assert proc.poll() is None, proc.communicate()
         assert s3.head("run/" + MANIFEST_NAME) is None  # not before the other node's file
         s3.put("run/rank1.pt", b"one" * 1000, {})
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert time.monotonic() - started >= 2.0
     doc = _manifest(s3, "run/")
@@ -200,3 +210,28 @@ def test_python_api_flushes_commits_and_reports_status(mount, s3, tmp_path):
                             "m for m in ('trio', 'boto3', 'click') if m in sys.modules))"],
                            capture_output=True, text=True, timeout=60)
     assert light.stdout.strip() == "[]", light.stderr
+
+
+def test_a_commit_cut_by_kill_9_before_its_manifest_is_finished_by_the_next_mount(mount, s3):
+    """D24: every data object is in S3, the manifest is not; the next mount writes it."""
+    rank0, rank1 = os.urandom(2 * MiB + 5), os.urandom(MiB)
+    _write(mount.path / "ck" / "rank0.pt", rank0)
+    with _running("commit", str(mount.path), "ck", "--expect", "rank1.pt", "--timeout",
+                  "120") as proc:
+        assert wait_for(lambda: s3.head("ck/rank0.pt"), 30), "rank0.pt not in S3"
+        time.sleep(0.5)  # the commit waits for rank1.pt now: every data object is in S3
+        mount.kill9()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert s3.head("ck/" + MANIFEST_NAME) is None
+
+    mount.start()  # the same cache directory: its journal holds the commit under way
+    time.sleep(1.0)
+    assert s3.head("ck/" + MANIFEST_NAME) is None  # still waiting for the other node
+    s3.put("ck/rank1.pt", rank1, {})
+    assert wait_for(lambda: s3.head("ck/" + MANIFEST_NAME), 20), "no manifest in S3"
+    doc = _manifest(s3, "ck/")
+    assert {f["key"]: f["checksum"]["value"] for f in doc["files"]} == {
+        "rank0.pt": _crc(rank0), "rank1.pt": _crc(rank1)}
+    assert "finishing the commit of /ck that the last mount began" in mount.log_tail(400)
+    assert _verify(str(mount.path), "ck").returncode == 0
