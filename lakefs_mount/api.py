@@ -44,7 +44,8 @@ def locate(path: str | os.PathLike[str]) -> tuple[Path, str]:
     if best is None or not _is_ours(fstype, best):
         raise NotALakefsMount(f"{path} is not on a lakefs-mount mount (no such mount "
                               f"contains {target})")
-    return best, target.relative_to(best).as_posix().strip(".")
+    rel = target.relative_to(best).as_posix()
+    return best, "" if rel == "." else rel
 
 
 def _is_ours(fstype: str, mountpoint: Path) -> bool:

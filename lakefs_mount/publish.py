@@ -130,6 +130,10 @@ class Publisher:
         while True:
             listed = listed_under(await self.store.list_recursive(prefix), prefix)
             waiting[0] = expect.missing(listed)
+            if waiting[0] is None and not listed and not expect.files:
+                raise CommitFailed(f"nothing under {prefix or '/'} in S3: no checkpoint to "
+                                   f"commit (a wrong PATH? other nodes not done? then use "
+                                   f"--expect-files)")
             if waiting[0] is None:
                 return listed
             await progress({"stage": "waiting", "files_present": len(listed),

@@ -123,6 +123,9 @@ def test_commit_waits_for_another_nodes_file_and_times_out_when_one_never_comes(
         f"lakefs-mount: commit of {mount.path}/run2 failed: timed out after 2 s while "
         f"waiting for the expected files (missing rank9.pt); no manifest was written")
     assert s3.head("run2/" + MANIFEST_NAME) is None
+    proc = cli("commit", str(mount.path), "no-such-dir")
+    assert proc.returncode == 1 and "nothing under no-such-dir/ in S3" in proc.stderr
+    assert s3.head("no-such-dir/" + MANIFEST_NAME) is None
 
 
 def _verify(*args: str) -> subprocess.CompletedProcess:
@@ -202,6 +205,10 @@ def test_python_api_flushes_commits_and_reports_status(mount, s3, tmp_path):
     assert result["files"] == 1 and result["manifest"] == "api/" + MANIFEST_NAME
     assert lakefs_mount.verify(mount.path / "api")["ok"] is True
     assert lakefs_mount.status(mount.path)["pid"] == mount.pid
+    from lakefs_mount.api import locate
+
+    assert locate(mount.path / ".hidden" / "x") == (mount.path, ".hidden/x")
+    assert locate(mount.path) == (mount.path, "")
     with pytest.raises(lakefs_mount.NotALakefsMount, match="not on a lakefs-mount mount"):
         lakefs_mount.flush(tmp_path)
     with pytest.raises(lakefs_mount.LakefsMountError, match="timed out"):
