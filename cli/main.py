@@ -173,6 +173,8 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
               help="Log file (default: <state dir>/logs/<mount id>.log).")
 @click.option("--embedded-dir", type=click.Path(path_type=Path),
               help="Data directory of the embedded S3 server (only without SOURCE).")
+@click.option("--commit-on-rename", metavar="GLOB", help="Commit a directory (see: commit) "
+              "once it is renamed to a name matching GLOB, e.g. 'checkpoint-*'.")
 @click.option("--metrics-addr", metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
               "':PORT' listens on 127.0.0.1 only).")
@@ -258,7 +260,7 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
         log_file=log_file, log_format=opts["log_format"],
         embedded_dir=_abs(opts["embedded_dir"]) if opts["embedded_dir"] else None,
-        metrics_addr=opts["metrics_addr"],
+        metrics_addr=opts["metrics_addr"], commit_on_rename=opts["commit_on_rename"],
     )
 
 

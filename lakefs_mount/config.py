@@ -73,6 +73,7 @@ class MountConfig:
     log_format: str = "text"  # "text" | "json" (one JSON object per line)
     embedded_dir: Path | None = None  # state of the embedded SeaweedFS
     metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
+    commit_on_rename: str | None = None  # a glob: `commit` a directory renamed to a match
 
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)

@@ -22,6 +22,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount import sdnotify
+from lakefs_mount.autocommit import RenameCommits
 from lakefs_mount.cache.flusher import Flusher, FlushFailed
 from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
@@ -204,6 +205,8 @@ class Daemon:
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
                     nursery.start_soon(resume_pending_commits, self)  # a crash left them
+                    if config.commit_on_rename:
+                        nursery.start_soon(RenameCommits(self, config.commit_on_rename).run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
                              session.name)

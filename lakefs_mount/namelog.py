@@ -100,6 +100,8 @@ class NameLog:
         self._wake = trio.Event()
         self._changed = trio.Event()
         self.applied = 0
+        # told of every change as it is recorded (op, key, dst): --commit-on-rename
+        self.on_record: Callable[[str, str, str | None], None] | None = None
 
     # -- recording --------------------------------------------------------------------
 
@@ -122,6 +124,8 @@ class NameLog:
                                 drop_fid=drop_fid, rekey=rekey, rekey_prefix=rekey_prefix)
         seq = await self.journal(add)
         self._add(NameOp(NameOpRow(seq, op, key, dst, arg), after=after))
+        if self.on_record is not None:
+            self.on_record(op, key, dst)
 
     def _add(self, op: NameOp) -> None:
         self.ops.append(op)

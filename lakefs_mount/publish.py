@@ -242,7 +242,7 @@ async def resume_pending_commits(daemon: Daemon) -> None:
         log.info("finishing the commit of /%s that the last mount began", path)
         request = {**record, "path": path, "timeout": record.get("timeout") or RESUMED_TIMEOUT}
         try:
-            result = await commit_request(daemon, request, _no_progress)
+            result = await commit_request(daemon, request, no_progress)
         except Exception as exc:  # (logged: nobody waits for it)
             log.error("the commit of /%s that the last mount began did not finish: %s; "
                       "run lakefs-mount commit again", path, exc)
@@ -254,7 +254,7 @@ async def resume_pending_commits(daemon: Daemon) -> None:
             nursery.start_soon(finish, path, record)
 
 
-async def _no_progress(_: dict) -> None:
+async def no_progress(_: dict) -> None:
     return None
 
 

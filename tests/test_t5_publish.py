@@ -242,3 +242,27 @@ def test_a_commit_cut_by_kill_9_before_its_manifest_is_finished_by_the_next_moun
         "rank0.pt": _crc(rank0), "rank1.pt": _crc(rank1)}
     assert "finishing the commit of /ck that the last mount began" in mount.log_tail(400)
     assert _verify(str(mount.path), "ck").returncode == 0
+
+
+@pytest.mark.parametrize("delay", ["0", "600"], ids=["uploading-at-rename", "pending-at-rename"])
+def test_commit_on_rename_publishes_the_tmp_dir_pattern_of_the_frameworks(mount_factory, s3,
+                                                                           delay):
+    """A saver writes tmp-checkpoint-N/ and renames it to checkpoint-N/ (Hugging Face,
+    Megatron, DeepSpeed): the rename commits it; a rename to another name does not.
+    The files may be in S3 already (moved by copies) or only in the cache (uploaded
+    under the new name by the commit's flush)."""
+    m = mount_factory("--commit-on-rename", "checkpoint-*", "--commit-delay", delay)
+    shards = {f"model-{i}.safetensors": os.urandom(MiB + i) for i in range(3)}
+    for rel, data in shards.items():
+        _write(m.path / "tmp-checkpoint-7" / rel, data)
+    _write(m.path / "tmp-other" / "x.bin", b"x")
+    os.rename(m.path / "tmp-checkpoint-7", m.path / "checkpoint-7")
+    os.rename(m.path / "tmp-other", m.path / "other")
+    assert wait_for(lambda: s3.head("checkpoint-7/" + MANIFEST_NAME), 20), m.log_tail()
+    doc = _manifest(s3, "checkpoint-7/")
+    assert {f["key"]: f["checksum"]["value"] for f in doc["files"]} == {
+        rel: _crc(data) for rel, data in shards.items()}
+    assert s3.list_dir("tmp-checkpoint-7/").objects == []  # every object had moved
+    assert m.flush().returncode == 0
+    assert s3.head("other/x.bin") is not None and s3.head("other/" + MANIFEST_NAME) is None
+    assert "committed /checkpoint-7 on its rename: 3 files" in m.log_tail(400)
