@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import trio
 
+from lakefs_mount import metrics as m
+from lakefs_mount.control import first_cause
 from lakefs_mount.manifest import crc32c_combine, crc32c_of
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import ObjectStoreError
@@ -33,8 +35,9 @@ class ObjectHasher:
         self._gets = trio.Semaphore(parallel)
         self.bytes_read = 0
 
-    async def crc(self, key: str, size: int) -> int:
-        """CRC-32C of the `size` bytes of `key`; ObjectChanged if fewer came."""
+    async def crc(self, key: str, size: int, etag: str) -> int:
+        """CRC-32C of the `size` bytes of the version `etag` of `key`; ObjectChanged if
+        that version is gone or fewer bytes came."""
         starts = list(range(0, size, self.range_bytes))
         crcs = [0] * len(starts)
 
@@ -49,16 +52,29 @@ class ObjectHasher:
                 state[1] = offset + len(piece)
 
             async with self._gets:
-                n = await self.store.get_range_into(key, start, end, write)
+                try:
+                    n = await self.store.retrying(
+                        f"GET {key}", self.store.sync.get_range_into, key, start, end, write,
+                        etag, max_attempts=4, transient_only=True)
+                except ObjectStoreError as exc:
+                    if exc.code != "PreconditionFailed" and exc.status != 412:
+                        raise
+                    raise ObjectChanged(f"{key}: its ETag is no longer {etag}: the object "
+                                        f"changed while it was read") from None
+            self.store.metrics[m.GETS] += 1
+            self.store.metrics[m.BYTES_DOWNLOADED] += n
             if n != end - start or state[1] != end:
                 raise ObjectChanged(f"{key}: S3 sent {n} of bytes {start}-{end - 1}; the "
                                     f"object changed while it was read")
             crcs[i] = state[0]
             self.bytes_read += n
 
-        async with trio.open_nursery() as nursery:
-            for i, start in enumerate(starts):
-                nursery.start_soon(one, i, start)
+        try:
+            async with trio.open_nursery() as nursery:
+                for i, start in enumerate(starts):
+                    nursery.start_soon(one, i, start)
+        except BaseExceptionGroup as group:  # one GET's failure, as if it ran alone
+            raise first_cause(group) from None
         total = 0
         for i, start in enumerate(starts):
             total = crc32c_combine(total, crcs[i], min(self.range_bytes, size - start))

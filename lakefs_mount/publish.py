@@ -160,7 +160,7 @@ class Publisher:
             crc = await self._cached_crc(cached.get(info.key), head)
             source = "cache"
             if crc is None:
-                crc, source = await hasher.crc(head.key, head.size), "read"
+                crc, source = await hasher.crc(head.key, head.size, head.etag), "read"
             sources[source] += 1
             entries.append(Entry(rel, head.size, head.etag,
                                  head.mtime if mtime_ns is None else mtime_ns / 1e9,

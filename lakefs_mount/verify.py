@@ -85,7 +85,7 @@ async def verify_checkpoint(store: AsyncStore, prefix: str, parallel: int = 8) -
 
     async def check(entry: Entry) -> None:
         try:
-            crc = encode_crc(await hasher.crc(prefix + entry.key, entry.size))
+            crc = encode_crc(await hasher.crc(prefix + entry.key, entry.size, entry.etag))
         except ObjectStoreError as exc:
             report.problems.append(Problem("unreadable", entry.key, str(exc)))
             return

@@ -115,7 +115,12 @@ class MemoryObjectStore:
             return obj.body[start:end]
 
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None]) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
+        info = self.head(key) if if_match is not None else None
+        if info is not None and info.etag != if_match:
+            error = ObjectStoreError(f"GetObject {key}: PreconditionFailed")
+            error.code, error.status = "PreconditionFailed", 412
+            raise error
         data = self.get_range(key, start, end)
         for off in range(0, len(data), PIECE):
             write(start + off, data[off:off + PIECE])

@@ -266,3 +266,21 @@ def test_commit_on_rename_publishes_the_tmp_dir_pattern_of_the_frameworks(mount_
     assert m.flush().returncode == 0
     assert s3.head("other/x.bin") is not None and s3.head("other/" + MANIFEST_NAME) is None
     assert "committed /checkpoint-7 on its rename: 3 files" in m.log_tail(400)
+
+
+def test_an_object_is_hashed_only_in_the_version_listed(s3):
+    """The ranged GETs of a checksum ask for the listed ETag (If-Match): an object
+    replaced while it is read fails as changed instead of mixing two versions."""
+    import trio
+
+    from lakefs_mount.metrics import Metrics
+    from lakefs_mount.objecthash import ObjectChanged, ObjectHasher
+    from lakefs_mount.s3.aiostore import AsyncStore
+
+    data = os.urandom(3 * MiB + 1)
+    etag = s3.put("v.bin", data, {})
+    hasher = ObjectHasher(AsyncStore(s3, Metrics()), parallel=4, range_bytes=MiB)
+    assert encode_crc(trio.run(hasher.crc, "v.bin", len(data), etag)) == _crc(data)
+    assert hasher.bytes_read == len(data)
+    with pytest.raises(ObjectChanged, match="changed while it was read"):
+        trio.run(hasher.crc, "v.bin", len(data), "0" * 32)

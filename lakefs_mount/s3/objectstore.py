@@ -109,9 +109,11 @@ class ObjectStore(Protocol):
         ...
 
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None]) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
         """Bytes [start, end) of `key`, handed to write(offset, piece) in pieces of about
-        1 MiB as they arrive (memory stays bounded); returns how many bytes there were."""
+        1 MiB as they arrive (memory stays bounded); returns how many bytes there were.
+        `if_match`: only of the version with that ETag (else an ObjectStoreError with
+        code PreconditionFailed)."""
         ...
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:

@@ -439,14 +439,16 @@ class S3ObjectStore:
 
     @retried
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None]) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
         if start < 0 or end <= start:
             return 0
         done = 0
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if if_match is not None:  # only that version (else 412 PreconditionFailed)
+            headers["If-Match"] = f'"{if_match}"'
         try:
             with self._errors("GetObject", key):
-                response = self._lean.send("GetObject", "GET", key,
-                                           {"Range": f"bytes={start}-{end - 1}"})
+                response = self._lean.send("GetObject", "GET", key, headers)
                 for piece in read_body(response, STREAM_PIECE):
                     write(start + done, piece)
                     done += len(piece)
