@@ -32,7 +32,12 @@ from lakefs_mount.config import (
 )
 from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.logsetup import LOG_FORMATS
-from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
+from lakefs_mount.mountpoint import (
+    MountpointError,
+    check_cache_dir,
+    check_mountpoint,
+    check_user_mount,
+)
 from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3.stats import WAITING_AFTER
 
@@ -181,6 +186,7 @@ def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     config = _build_config(ctx, args, opts)
     try:
         check_mountpoint(config.mountpoint)
+        check_user_mount(config.allow_other)
         check_cache_dir(config.resolved_cache_dir())
     except MountpointError as exc:
         raise CliError(str(exc), 2) from None

@@ -91,17 +91,12 @@ class NativeSession:
         self._in_flight: dict[int, trio.CancelScope | None] = {}
 
     async def mount(self) -> None:
-        """Open a connection and mount it (root only); the kernel's INIT is answered by
-        `serve`. DeviceError says why the native session cannot run here."""
-        self.fd = device.open_device()
-        try:
-            await trio.to_thread.run_sync(lambda: device.mount(
-                self.fd, self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
-                allow_other=self.allow_other, read_only=self.read_only))
-        except BaseException:
-            os.close(self.fd)
-            self.fd = -1
-            raise
+        """Open a connection and mount it (as root by mount(2), else through fusermount3);
+        the kernel's INIT is answered by `serve`. DeviceError says why the native session
+        cannot run here."""
+        self.fd = await trio.to_thread.run_sync(lambda: device.connect(
+            self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
+            allow_other=self.allow_other, read_only=self.read_only))
         self.ops.attach(self)
 
     async def serve(self) -> None:
@@ -294,6 +289,11 @@ class NativeSession:
             self.passthrough = True
         except OSError as exc:
             self.passthrough_reason = f"the kernel refused a backing file: {exc.strerror}"
+            if exc.errno == errno.EPERM and not device.privileged():
+                self.passthrough_reason = (
+                    f"the kernel lends backing files only to a daemon with CAP_SYS_ADMIN, and "
+                    f"this one runs as uid {os.getuid()} without it; mount as root for "
+                    f"passthrough")
         finally:
             os.close(fd)
 
