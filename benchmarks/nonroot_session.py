@@ -7,6 +7,8 @@ once per session per round, in alternating order, and as that user: writes every
 1 MiB writes (timed to the last close), `flush`es, reads every file back in 1 MiB reads
 after the page cache was dropped (warm: from the cache dir, through the daemon), then
 mounts again with an empty cache dir and reads every file once more (cold: ranged GETs).
+`--read-ahead-kb 1024` has root raise each mount's kernel read-ahead, as root's own
+daemon does (a user's daemon cannot: it is a sysfs file of root's).
 It prints per round each phase's rate and the daemon's CPU seconds, and the medians of the
 per-round native / pyfuse3 ratios (rate; CPU)."""
 
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.asuser import User, fuse_device_for, throwaway_user, wait_gone
+from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.s3.embedded import EmbeddedS3
 
 MiB = 1024 * 1024
@@ -53,7 +56,7 @@ class _Mount:
     """One mount by the user with a cache dir of its own; unmounted on exit."""
 
     def __init__(self, user: User, server: EmbeddedS3, bucket: str, session: str,
-                 cache: Path) -> None:
+                 cache: Path, read_ahead_kb: int) -> None:
         self.user, self.cache = user, cache
         proc = user.cli("mount", f"s3://{bucket}", str(user.mnt), "--endpoint-url",
                         server.endpoint_url, "--fuse-session", session, "--cache-dir",
@@ -64,6 +67,8 @@ class _Mount:
         self.pid = int(status["pid"])
         assert status["fuse_session"] == session, status
         self.passthrough = status["passthrough"]
+        if read_ahead_kb:  # what root's daemon does to its own mount, done by root here
+            assert set_kernel_readahead(user.mnt, read_ahead_kb)
 
     def phase(self, files: int, mib: int, phase: str) -> tuple[float, float]:
         """(GiB/s, daemon CPU seconds) of one phase of the workload, run as the user."""
@@ -89,12 +94,14 @@ def _drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def _round(user: User, server: EmbeddedS3, session: str, files: int, mib: int,
+def _round(user: User, server: EmbeddedS3, session: str, args: argparse.Namespace,
            n: int) -> dict[str, tuple[float, float]]:
+    files, mib = args.files, args.mib
     bucket = f"nonroot-{session}-{n}"
     server.create_bucket(bucket)
     out = {}
-    m = _Mount(user, server, bucket, session, user.home / f"cache-{session}-{n}")
+    m = _Mount(user, server, bucket, session, user.home / f"cache-{session}-{n}",
+               args.read_ahead_kb)
     try:
         out["write"] = m.phase(files, mib, "write")
         flush = user.cli("flush", str(user.mnt), timeout=1800)
@@ -104,7 +111,8 @@ def _round(user: User, server: EmbeddedS3, session: str, files: int, mib: int,
         out["warm read"] = m.phase(files, mib, "read")
     finally:
         m.close()
-    m = _Mount(user, server, bucket, session, user.home / f"cold-{session}-{n}")
+    m = _Mount(user, server, bucket, session, user.home / f"cold-{session}-{n}",
+               args.read_ahead_kb)
     try:
         _drop_page_cache()
         out["cold read"] = m.phase(files, mib, "read")
@@ -120,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=2)
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--read-ahead-kb", type=int, default=0,
+                        help="root sets the mount's kernel read-ahead (a user's daemon "
+                        "cannot; 0: the kernel's default stays, as for a user's mount)")
     args = parser.parse_args(argv)
     for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):  # the server checks none
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(args.rounds):
                 print(f"round {n + 1}:", flush=True)
                 order = SESSIONS if n % 2 == 0 else SESSIONS[::-1]
-                rows.append({s: _round(user, server, s, args.files, args.mib, n)
+                rows.append({s: _round(user, server, s, args, n)
                              for s in order})
     finally:
         server.stop(timeout=3)

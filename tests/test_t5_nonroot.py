@@ -50,6 +50,9 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
     assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
     entry = find_mount(user.mnt)
     assert entry is not None and entry.fstype == "fuse.lakefs"
+    options = next(line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if f" {user.mnt} " in line).rsplit(" ", 1)[1].split(",")
+    assert f"user_id={user.uid}" in options and "max_read=131072" in options, options
     status = user.status()
     pid = int(status["pid"])
     assert Path(f"/proc/{pid}").stat().st_uid == user.uid  # the daemon runs as the user
@@ -84,6 +87,10 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
     why = [line for line in lines if "passthrough off" in line]
     assert len(why) == 1 and "CAP_SYS_ADMIN" in why[0], why
     assert any("FUSE session: native" in line for line in lines)
+    choice = [line for line in lines if "without CAP_SYS_ADMIN (mounted through fusermount3"
+              in line]
+    assert len(choice) == 1 and f"uid {user.uid}" in choice[0], choice
+    assert any("KiB writes, 128 KiB reads" in line for line in lines)
 
     # SIGTERM: the daemon detaches its own mount (fusermount3 -uz, as the user) and exits
     # once the change is in S3

@@ -50,13 +50,15 @@ def privileged() -> bool:
 
 
 def connect(mountpoint: Path, *, fsname: str, subtype: str, allow_other: bool,
-            read_only: bool) -> int:
+            read_only: bool, user_max_read: int) -> int:
     """A new FUSE connection mounted at `mountpoint`: its non-blocking descriptor. With
-    CAP_SYS_ADMIN by mount(2), else through the setuid fusermount3 (a user's mount).
-    Blocking (a worker thread); DeviceError says why it cannot be mounted."""
+    CAP_SYS_ADMIN by mount(2), else through the setuid fusermount3 (a user's mount, whose
+    READ requests are at most `user_max_read` bytes). Blocking (a worker thread);
+    DeviceError says why it cannot be mounted."""
     if not privileged():
-        options = f"fsname={fsname},subtype={subtype},default_permissions" \
-            + (",allow_other" if allow_other else "") + (",ro" if read_only else "")
+        options = f"fsname={fsname},subtype={subtype},default_permissions," \
+            f"max_read={user_max_read}" + (",allow_other" if allow_other else "") \
+            + (",ro" if read_only else "")
         try:
             return fusermount.mount(mountpoint, options)
         except fusermount.FusermountError as exc:

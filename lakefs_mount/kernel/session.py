@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 # buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
 # (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/request_size.py measures it).
 MAX_PAGES = 256
+# A user's mount keeps the kernel's 128 KiB read-ahead (raising it is root's, in sysfs);
+# under it, reads run faster as 128 KiB READs, several in flight, than as 1 MiB ones
+# (benchmarks/README.md, "A mount by a user other than root"). Writes stay at MAX_PAGES.
+USER_MAX_READ = 128 * 1024
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
@@ -85,6 +89,7 @@ class NativeSession:
         self.passthrough = False
         self.passthrough_reason = "not negotiated yet"
         self.proto_minor = 0
+        self.max_read = self.max_write  # (a user's mount: USER_MAX_READ, see `mount`)
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
@@ -96,8 +101,15 @@ class NativeSession:
         cannot run here."""
         self.fd = await trio.to_thread.run_sync(lambda: device.connect(
             self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
-            allow_other=self.allow_other, read_only=self.read_only))
+            allow_other=self.allow_other, read_only=self.read_only,
+            user_max_read=USER_MAX_READ))
         self.ops.attach(self)
+        if not device.privileged():
+            self.max_read = min(self.max_write, USER_MAX_READ)
+            log.info("FUSE session: native for uid %d without CAP_SYS_ADMIN (mounted through "
+                     "fusermount3, no passthrough); `auto` keeps it for a user's mount: as "
+                     "fast as pyfuse3 through the daemon (benchmarks/nonroot_session.py), and "
+                     "it answers interrupts", os.getuid())
 
     async def serve(self) -> None:
         """Serve requests until the mount goes away (or `terminate`)."""
@@ -271,8 +283,10 @@ class NativeSession:
             self.max_write, 1, self.max_pages, 0, granted >> 32, stack_depth, 0)])
         if granted & wire.PASSTHROUGH:
             self._probe_passthrough()
-        log.info("native FUSE session: protocol 7.%d, %d KiB requests, passthrough %s",
-                 self.proto_minor, self.max_write // 1024,
+        log.info("native FUSE session: protocol 7.%d, %s, passthrough %s",
+                 self.proto_minor, f"{self.max_write // 1024} KiB requests"
+                 if self.max_read == self.max_write else
+                 f"{self.max_write // 1024} KiB writes, {self.max_read // 1024} KiB reads",
                  "on" if self.passthrough else f"off ({self.passthrough_reason})")
 
     def _probe_passthrough(self) -> None:
