@@ -180,6 +180,9 @@ def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
     Said before the daemon starts, with the remedy, instead of in its log."""
     if os.geteuid() == 0:
         return
+    if not device.exists():
+        raise MountpointError(f"{device} does not exist: load the fuse kernel module (modprobe "
+                              f"fuse), or start the container with --device {device}")
     if not os.access(device, os.R_OK | os.W_OK):
         raise MountpointError(f"{device} is not open to uid {os.geteuid()} (a mount by a user "
                               f"other than root needs it read-write, as udev's fuse rule "
