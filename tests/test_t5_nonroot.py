@@ -152,3 +152,39 @@ def test_a_user_mount_that_root_did_not_allow_fails_in_one_line_with_the_remedy(
         assert proc.returncode == 2 and len(lines) == 1 and remedy in lines[0], proc
     assert user.processes() == [] and not is_mounted(user.mnt)
     assert not (user.home / ".local").exists()  # no cache dir, no log: nothing started
+
+
+def _in_namespace_of(pid: int, uid: int, gid: int, argv: list[str], env: dict[str, str]
+                     ) -> subprocess.CompletedProcess:
+    """`argv` as uid:gid in the mount namespace of process `pid`."""
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "--", "setpriv", "--reuid", str(uid), "--regid",
+         str(gid), "--clear-groups", *argv], env=env, cwd="/", capture_output=True,
+        text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_a_user_mount_with_allow_other_where_root_allowed_it_lets_other_users_in(
+        user, fuse_access, s3_server, bucket, s3):
+    """With user_allow_other in (its namespace's) /etc/fuse.conf, the user's --allow-other
+    mount lets user nobody read a 0644 file and not write it (default_permissions)."""
+    conf = user.root / "fuse.conf"
+    conf.write_text("user_allow_other\n")
+    proc = _cli_in_namespace(user, {conf: Path("/etc/fuse.conf")}, "mount", f"s3://{bucket}",
+                             str(user.mnt), "--endpoint-url", s3_server.endpoint_url,
+                             "--allow-other")
+    assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
+    pid = int(user.status()["pid"])  # (its socket is reachable from here; its mount is not)
+    as_user = _in_namespace_of(pid, user.uid, user.gid, ["/bin/sh", "-c",
+                               f"printf shared > {user.mnt}/f && chmod 644 {user.mnt}/f"],
+                               user.env())
+    assert as_user.returncode == 0, as_user.stderr
+    read = _in_namespace_of(pid, NOBODY, NOBODY, ["/bin/cat", f"{user.mnt}/f"], {})
+    assert read.returncode == 0 and read.stdout == "shared", read
+    write = _in_namespace_of(pid, NOBODY, NOBODY, ["/bin/sh", "-c", f"printf x >> {user.mnt}/f"],
+                             {})
+    assert write.returncode != 0 and "ermission denied" in write.stderr, write
+    unmount = _in_namespace_of(pid, user.uid, user.gid, user.cli_argv("unmount",
+                                                                     str(user.mnt)), user.env())
+    assert unmount.returncode == 0, unmount.stderr
+    assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
+    assert s3.get("f")[1] == b"shared"
