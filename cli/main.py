@@ -155,8 +155,8 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--io-engine", type=click.Choice(["auto", "uring", "threads"]), default="auto",
               show_default=True, help="Cache-file I/O engine.")
 @click.option("--fuse-session", type=click.Choice(["auto", "native", "pyfuse3"]), default="auto",
-              show_default=True, help="FUSE session: native (/dev/fuse, kernel passthrough, "
-              "root only) or pyfuse3 (libfuse); auto takes native where it can start.")
+              show_default=True, help="FUSE session: native (/dev/fuse; kernel passthrough "
+              "as root) or pyfuse3 (libfuse); auto takes native where it can start.")
 @click.option("--metadata-ttl", type=click.FloatRange(min=0), default=5.0, show_default=True,
               metavar="SECONDS", help="How long listings and attributes are cached.")
 @click.option("--commit-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
