@@ -33,7 +33,12 @@ from lakefs_mount.config import (
 )
 from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.logsetup import LOG_FORMATS
-from lakefs_mount.mountpoint import MountpointError, check_cache_dir, check_mountpoint
+from lakefs_mount.mountpoint import (
+    MountpointError,
+    check_cache_dir,
+    check_mountpoint,
+    check_user_mount,
+)
 from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3.stats import WAITING_AFTER
 
@@ -155,8 +160,8 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--io-engine", type=click.Choice(["auto", "uring", "threads"]), default="auto",
               show_default=True, help="Cache-file I/O engine.")
 @click.option("--fuse-session", type=click.Choice(["auto", "native", "pyfuse3"]), default="auto",
-              show_default=True, help="FUSE session: native (/dev/fuse, kernel passthrough, "
-              "root only) or pyfuse3 (libfuse); auto takes native where it can start.")
+              show_default=True, help="FUSE session: native (/dev/fuse; kernel passthrough "
+              "as root) or pyfuse3 (libfuse); auto takes native where it can start.")
 @click.option("--metadata-ttl", type=click.FloatRange(min=0), default=5.0, show_default=True,
               metavar="SECONDS", help="How long listings and attributes are cached.")
 @click.option("--commit-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
@@ -188,6 +193,7 @@ def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     config = _build_config(ctx, args, opts)
     try:
         check_mountpoint(config.mountpoint)
+        check_user_mount(config.allow_other)
         check_cache_dir(config.resolved_cache_dir())
     except MountpointError as exc:
         raise CliError(str(exc), 2) from None

@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
+import trio
+
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
@@ -581,7 +583,8 @@ class FileSystem:
     async def fsync(self, fh: int, datasync: bool) -> None:
         cf = self._handle(fh).inode.file
         assert cf is not None
-        await self.cache.fsync(cf, datasync)
+        with trio.CancelScope(shield=True):  # an interrupt stops only the wait for S3
+            await self.cache.fsync(cf, datasync)
         if self.fsync_remote:  # (its name's changes first: the commit waits for them)
             await self.flush_files([cf], path=self.ns.path_of(self._handle(fh).inode))
 

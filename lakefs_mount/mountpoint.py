@@ -18,6 +18,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MOUNTINFO = Path("/proc/self/mountinfo")
+FUSE_CONF = Path("/etc/fuse.conf")
+FUSE_DEVICE = Path("/dev/fuse")
 SYSFS_BDI = Path("/sys/class/bdi")
 _STALE_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
@@ -169,6 +171,33 @@ def check_mountpoint(path: Path, *, _retry: bool = True) -> None:
     if os.geteuid() != 0 and not os.access(target, os.W_OK | os.X_OK):
         raise MountpointError(f"mount point {target}: no write permission (FUSE needs the "
                               f"mounting user to own it or be allowed to write to it)")
+
+
+def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
+                     device: Path = FUSE_DEVICE) -> None:
+    """What a mount by a user other than root (through fusermount3) needs from root:
+    /dev/fuse open to the user, and user_allow_other in /etc/fuse.conf for --allow-other.
+    Said before the daemon starts, with the remedy, instead of in its log."""
+    if os.geteuid() == 0:
+        return
+    if not device.exists():
+        raise MountpointError(f"{device} does not exist: load the fuse kernel module (modprobe "
+                              f"fuse), or start the container with --device {device}")
+    if not os.access(device, os.R_OK | os.W_OK):
+        raise MountpointError(f"{device} is not open to uid {os.geteuid()} (a mount by a user "
+                              f"other than root needs it read-write, as udev's fuse rule "
+                              f"makes it: mode 0666); ask root to run: chmod 0666 {device}")
+    if not allow_other:
+        return
+    try:
+        allowed = any(line.strip() == "user_allow_other"
+                      for line in conf.read_text(errors="replace").splitlines())
+    except OSError:
+        allowed = False
+    if not allowed:
+        raise MountpointError(f"--allow-other for a mount by a user other than root needs "
+                              f"the line user_allow_other in {conf}; ask root to add it, or "
+                              f"mount without --allow-other")
 
 
 def check_cache_dir(path: Path) -> None:

@@ -36,13 +36,16 @@ with open(sys.argv[1], "rb") as f:
     m[len(m) // 2]
 """
 
-STAT_WITH_ALARM = """
+ALARM = """
 import os, signal, sys, time
 class Alarm(Exception):
     pass
 def ring(signum, frame):
     raise Alarm
 signal.signal(signal.SIGALRM, ring)
+"""
+
+STAT_WITH_ALARM = ALARM + """
 signal.setitimer(signal.ITIMER_REAL, 1.0)
 started = time.monotonic()
 try:
@@ -70,6 +73,15 @@ def _fault(readers: list[subprocess.Popen]) -> None:
         assert r.stdout is not None and r.stdout.readline() == "faulting\n"
 
 
+def dies_at_once_when_killed(proc: subprocess.Popen) -> None:
+    """`proc`, waiting on the daemon, dies promptly of SIGKILL (not held in D state)."""
+    assert proc.poll() is None
+    killed_at = time.monotonic()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert time.monotonic() - killed_at < PROMPTLY
+
+
 def _healthy(m, name: str, data: bytes) -> None:
     """S3 back: the daemon answers status and serves the file whole."""
     assert m.status()["fuse_session"] == "native"
@@ -92,11 +104,7 @@ def test_a_reader_killed_while_s3_holds_its_read_dies_at_once_and_the_next_read_
         _fault([reader])
         assert wait_for(lambda: m.counters().get("read_requests", 0) > before)
         time.sleep(0.3)  # the READ waits on the held GET
-        assert reader.poll() is None
-        killed_at = time.monotonic()
-        reader.send_signal(signal.SIGKILL)
-        reader.wait(timeout=30)
-        assert time.monotonic() - killed_at < PROMPTLY
+        dies_at_once_when_killed(reader)
     finally:
         fault_proxy.hang = False  # a reader left in D state is answered, and dies
         reader.kill()

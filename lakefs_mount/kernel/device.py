@@ -1,4 +1,5 @@
-"""/dev/fuse and the kernel calls around it: mount(2), umount2(2), backing-file ioctls."""
+"""/dev/fuse and the kernel calls around it: mount(2), umount2(2), backing-file ioctls;
+fusermount3 (`fusermount.py`) where the process may not call mount(2) itself."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import stat
 import struct
 from pathlib import Path
 
+from lakefs_mount.kernel import fusermount
+
 DEVICE = "/dev/fuse"
 MAX_PAGES_LIMIT = Path("/proc/sys/fs/fuse/max_pages_limit")
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MNT_DETACH = 2
+CAP_SYS_ADMIN = 21  # bit in /proc/self/status CapEff
+PROC_STATUS = Path("/proc/self/status")
 # _IOC(dir, 229, nr, size) as in the kernel's fuse.h
 BACKING_OPEN = 0x4010E501  # _IOW(229, 1, struct fuse_backing_map)
 BACKING_CLOSE = 0x4004E502  # _IOW(229, 2, uint32_t)
@@ -30,6 +35,42 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 class DeviceError(Exception):
     """The native session cannot start here; `str()` says why."""
+
+
+def privileged() -> bool:
+    """True with CAP_SYS_ADMIN: mount(2) of FUSE, and FUSE passthrough's backing files,
+    need it (the kernel's `fuse_backing_open` checks it on every registration)."""
+    try:
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def connect(mountpoint: Path, *, fsname: str, subtype: str, allow_other: bool,
+            read_only: bool, user_max_read: int) -> int:
+    """A new FUSE connection mounted at `mountpoint`: its non-blocking descriptor. With
+    CAP_SYS_ADMIN by mount(2), else through the setuid fusermount3 (a user's mount, whose
+    READ requests are at most `user_max_read` bytes). Blocking (a worker thread);
+    DeviceError says why it cannot be mounted."""
+    if not privileged():
+        options = f"fsname={fsname},subtype={subtype},default_permissions," \
+            f"max_read={user_max_read}" + (",allow_other" if allow_other else "") \
+            + (",ro" if read_only else "")
+        try:
+            return fusermount.mount(mountpoint, options)
+        except fusermount.FusermountError as exc:
+            raise DeviceError(str(exc)) from None
+    fd = open_device()
+    try:
+        mount(fd, mountpoint, fsname=fsname, subtype=subtype, allow_other=allow_other,
+              read_only=read_only)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_device() -> int:
@@ -59,7 +100,11 @@ def mount(fd: int, mountpoint: Path, *, fsname: str, subtype: str, allow_other: 
 
 
 def unmount(mountpoint: Path) -> None:
-    """Detach the mount, as `fusermount3 -uz` does; a mount already gone is no error."""
+    """Detach the mount, as `fusermount3 -uz` does (and with it, without CAP_SYS_ADMIN);
+    a mount already gone is no error."""
+    if not privileged():
+        fusermount.unmount(mountpoint)
+        return
     if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):

@@ -131,9 +131,14 @@ class KernelOps:
     def interruptible(self, req: Request) -> bool:
         """True if `req` may be cancelled midway (FUSE_INTERRUPT). Not so: a change of
         names, attributes or bytes (cancelled halfway it could leave the journal, the
-        cache and S3 disagreeing about what the caller was told), a release, an fsync (its
-        wait is what the caller asked for), an open that may write or truncate; a
-        read-only open is, up to the moment it exists (`open`)."""
+        cache and S3 disagreeing about what the caller was told), a release, a local
+        fsync, an open that may write or truncate; a read-only open is, up to the moment
+        it exists (`open`). An fsync with `--fsync remote` is: its local part runs to its
+        end, and then it only waits for a commit that the flusher carries on without it,
+        so EINTR (which POSIX allows fsync) tells the truth, "not known to be in S3", and
+        a killed process need not wait in the kernel for an S3 that does not answer."""
+        if req.opcode == wire.Op.FSYNC:
+            return self.fs.fsync_remote
         if req.opcode == wire.Op.OPEN:
             flags, _ = wire.OPEN_IN.unpack_from(req.arg)
             return flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC

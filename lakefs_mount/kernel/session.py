@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 # buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
 # (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/request_size.py measures it).
 MAX_PAGES = 256
+# A user's mount keeps the kernel's 128 KiB read-ahead (raising it is root's, in sysfs);
+# under it, reads run faster as 128 KiB READs, several in flight, than as 1 MiB ones
+# (benchmarks/README.md, "A mount by a user other than root"). Writes stay at MAX_PAGES.
+USER_MAX_READ = 128 * 1024
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
@@ -85,24 +89,27 @@ class NativeSession:
         self.passthrough = False
         self.passthrough_reason = "not negotiated yet"
         self.proto_minor = 0
+        self.max_read = self.max_write  # (a user's mount: USER_MAX_READ, see `mount`)
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
         self._in_flight: dict[int, trio.CancelScope | None] = {}
 
     async def mount(self) -> None:
-        """Open a connection and mount it (root only); the kernel's INIT is answered by
-        `serve`. DeviceError says why the native session cannot run here."""
-        self.fd = device.open_device()
-        try:
-            await trio.to_thread.run_sync(lambda: device.mount(
-                self.fd, self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
-                allow_other=self.allow_other, read_only=self.read_only))
-        except BaseException:
-            os.close(self.fd)
-            self.fd = -1
-            raise
+        """Open a connection and mount it (as root by mount(2), else through fusermount3);
+        the kernel's INIT is answered by `serve`. DeviceError says why the native session
+        cannot run here."""
+        self.fd = await trio.to_thread.run_sync(lambda: device.connect(
+            self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
+            allow_other=self.allow_other, read_only=self.read_only,
+            user_max_read=USER_MAX_READ))
         self.ops.attach(self)
+        if not device.privileged():
+            self.max_read = min(self.max_write, USER_MAX_READ)
+            log.info("FUSE session: native for uid %d without CAP_SYS_ADMIN (mounted through "
+                     "fusermount3, no passthrough); `auto` keeps it for a user's mount: as "
+                     "fast as pyfuse3 through the daemon (benchmarks/nonroot_session.py), and "
+                     "it answers interrupts", os.getuid())
 
     async def serve(self) -> None:
         """Serve requests until the mount goes away (or `terminate`)."""
@@ -276,8 +283,10 @@ class NativeSession:
             self.max_write, 1, self.max_pages, 0, granted >> 32, stack_depth, 0)])
         if granted & wire.PASSTHROUGH:
             self._probe_passthrough()
-        log.info("native FUSE session: protocol 7.%d, %d KiB requests, passthrough %s",
-                 self.proto_minor, self.max_write // 1024,
+        log.info("native FUSE session: protocol 7.%d, %s, passthrough %s",
+                 self.proto_minor, f"{self.max_write // 1024} KiB requests"
+                 if self.max_read == self.max_write else
+                 f"{self.max_write // 1024} KiB writes, {self.max_read // 1024} KiB reads",
                  "on" if self.passthrough else f"off ({self.passthrough_reason})")
 
     def _probe_passthrough(self) -> None:
@@ -294,6 +303,11 @@ class NativeSession:
             self.passthrough = True
         except OSError as exc:
             self.passthrough_reason = f"the kernel refused a backing file: {exc.strerror}"
+            if exc.errno == errno.EPERM and not device.privileged():
+                self.passthrough_reason = (
+                    f"the kernel lends backing files only to a daemon with CAP_SYS_ADMIN, and "
+                    f"this one runs as uid {os.getuid()} without it; mount as root for "
+                    f"passthrough")
         finally:
             os.close(fd)
 
