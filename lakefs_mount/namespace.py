@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -42,8 +43,15 @@ SMALL_OBJECT_MAX = 256 * 1024
 
 # How long a lookup in a directory listed before waits for S3 to list it again before the
 # last listing answers (the listing goes on, and lands when S3 answers): S3 lists a
-# directory in milliseconds when it is well; a stuck connection may take minutes.
+# directory in milliseconds when it is well; a stuck connection may take minutes. The wait
+# is PATIENCE_FACTOR times the slowest of S3's recent listings, within these bounds.
 LIST_PATIENCE = 2.0
+PATIENCE_FLOOR = 0.25
+PATIENCE_FACTOR = 4.0
+RECENT_LISTINGS = 16
+# A directory never listed: a lookup in it waits this long for S3 before what the mount
+# knows answers (a create goes on as a new file); none while S3 is known to be slow.
+UNLISTED_PATIENCE = 5.0
 SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for this long
 
 
@@ -157,8 +165,10 @@ class Namespace:
                      dir_mtime_ns=now, ctime_ns=now)
         self.inodes: dict[int, Inode] = {ROOT_INO: root}
         self._listings: dict[int, _Listing] = {}  # directories being listed right now
+        self._attr_loads: dict[int, _Listing] = {}  # subdirectories' attributes, by parent
         self._nursery: trio.Nursery | None = None  # where listings run (run())
         self._slow_until = 0.0  # monotonic time until which S3 counts as slow
+        self._list_seconds: deque[float] = deque(maxlen=RECENT_LISTINGS)  # S3's recent ones
 
     # -- paths and keys ---------------------------------------------------------------
 
@@ -282,6 +292,9 @@ class Namespace:
         for a slow S3 while the listing goes on and lands later."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            # The root listed at once, while S3 answers: a lookup there during an outage
+            # later answers from it instead of waiting for S3.
+            self._start_listing(self.inodes[ROOT_INO])
             task_status.started()
             await trio.sleep_forever()
 
@@ -293,15 +306,29 @@ class Namespace:
     def _s3_was_slow(self) -> None:
         self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
 
+    def _patience(self, listed_before: bool) -> float:
+        """Seconds a lookup waits for a listing before the mount's own knowledge answers:
+        none while S3 is known to be slow; for a directory listed before, a few times
+        what S3 took to list lately (a black hole shows within a fraction of a second),
+        for one never listed, UNLISTED_PATIENCE (not the listing's 3 attempts of 10 s)."""
+        if self.s3_slow():
+            return 0.0
+        if not listed_before:
+            return UNLISTED_PATIENCE
+        if not self._list_seconds:
+            return LIST_PATIENCE
+        return min(LIST_PATIENCE, max(PATIENCE_FLOOR, PATIENCE_FACTOR * max(self._list_seconds)))
+
     async def ensure_listed(self, dir_inode: Inode, force: bool = False,
                             lenient: bool = False) -> None:
         """Merge the S3 listing of a directory into its children, at most once per TTL.
 
-        A directory listed before waits at most LIST_PATIENCE for S3 (none while S3
-        is slow): then its last listing answers, and the listing lands when S3 does. One
+        A directory listed before waits a moment for S3 (_patience; none while S3 is
+        slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
-        name, which a create needs to go on): then what the mount knows of it answers,
-        S3 is asked again after the TTL, and the log says so once per directory.
+        name, which a create needs to go on): then it waits UNLISTED_PATIENCE at most,
+        and what the mount knows of it answers, the listing lands when S3 answers (or
+        S3 is asked again after the TTL), and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
@@ -342,15 +369,17 @@ class Namespace:
 
     async def _await_listing(self, dir_inode: Inode, listing: _Listing,
                              lenient: bool) -> None:
-        if dir_inode.listed_at:  # a last listing exists: S3 gets a moment, not more
-            patience = 0.0 if self.s3_slow() else listing.started + LIST_PATIENCE
-            with trio.move_on_at(patience if patience else -math.inf):
+        if dir_inode.listed_at or lenient:  # S3 gets a moment, not more
+            patience = self._patience(bool(dir_inode.listed_at))
+            with trio.move_on_at(listing.started + patience if patience else -math.inf):
                 await listing.done.wait()
             if not listing.done.is_set():
                 self._s3_was_slow()
                 if not dir_inode.unlistable_at:
-                    log.warning("S3 has not listed %s yet; serving the last listing",
-                                self.key_of(dir_inode))
+                    log.warning("S3 has not listed %s in %.2f s; %s", self.key_of(dir_inode),
+                                trio.current_time() - listing.started,
+                                "serving the last listing" if dir_inode.listed_at else
+                                "names in it are looked up among what this mount knows")
                 dir_inode.unlistable_at = time.monotonic()
                 return
         else:
@@ -374,6 +403,7 @@ class Namespace:
                               if self._has_local_state(self.inodes[ino])}
             started = time.monotonic()
             listing = await self.store.list_dir(prefix)
+            self._list_seconds.append(time.monotonic() - started)
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
                 raise
@@ -500,30 +530,62 @@ class Namespace:
         await each_bounded(self.ensure_headed, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
-        """Stored attributes of subdirectories (see dirattrs). One that S3 cannot tell
-        about right now is served 0700 and the mount's owner, never looser than it was
-        given, and asked again at its next lookup."""
+        """Stored attributes of subdirectories (see dirattrs). S3 gets the same moment as
+        for a listing (_patience): one that S3 cannot tell about by then is served 0700
+        and the mount's owner, never looser than it was given, and its attributes land
+        when S3 answers (or are asked again at its next lookup)."""
         if self.dir_attrs is None:
             for inode in dirs:
                 inode.headed = True
             return
-        try:
-            found = await self.dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
-        except ObjectStoreError as exc:
-            log.warning("attributes of directories in %s not read (%s): served 0700 until "
-                        "they are", self.key_of(parent), exc)
-            for inode in dirs:
+        load = self._attr_loads.get(parent.ino)
+        if load is None:
+            load = self._start_attr_load(parent, dirs)
+        patience = self._patience(True)
+        with trio.move_on_at(load.started + patience if patience else -math.inf):
+            await load.done.wait()
+        if load.done.is_set() and load.error is None and all(d.headed for d in dirs):
+            return  # (a load started for other siblings may leave some: asked again later)
+        if not load.done.is_set():
+            self._s3_was_slow()
+        log.warning("attributes of directories in %s not read (%s): served 0700 until "
+                    "they are", self.key_of(parent),
+                    load.error or f"no answer in {trio.current_time() - load.started:.2f} s")
+        for inode in dirs:
+            if not inode.headed:
                 inode.dir_mode = stat.S_IFDIR | 0o700
                 inode.dir_uid, inode.dir_gid = self.owner
-            return
-        for inode in dirs:
-            attrs = found.get(inode.name)
-            if attrs is None:  # never given any: the defaults (also after a failed read)
-                inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
-            else:
-                inode.dir_mode, inode.dir_uid, inode.dir_gid = attrs.mode, attrs.uid, attrs.gid
-                inode.dir_mtime_ns = attrs.mtime_ns
-            inode.headed = True
+
+    def _start_attr_load(self, parent: Inode, dirs: list[Inode]) -> _Listing:
+        """Load the attributes of `dirs` in a task of its own (a lookup stops waiting for a
+        quiet S3; they land when it answers)."""
+        load = _Listing()
+        self._attr_loads[parent.ino] = load
+        dir_attrs = self.dir_attrs
+        assert dir_attrs is not None
+
+        async def load_them() -> None:
+            try:
+                found = await dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
+            except ObjectStoreError as exc:
+                load.error = exc
+                return
+            finally:
+                del self._attr_loads[parent.ino]
+                load.done.set()
+            for inode in dirs:
+                attrs = found.get(inode.name)
+                if attrs is None:  # never given any: the defaults (also after a failed read)
+                    inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
+                else:
+                    inode.dir_mode, inode.dir_uid, inode.dir_gid = (attrs.mode, attrs.uid,
+                                                                    attrs.gid)
+                    inode.dir_mtime_ns = attrs.mtime_ns
+                inode.headed = True
+
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(load_them)
+        return load
 
     def _unheaded_dirs(self, parent: Inode) -> list[Inode]:
         children = (self.inodes.get(ino) for ino in parent.children.values())

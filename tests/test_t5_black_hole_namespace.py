@@ -1,0 +1,65 @@
+"""A training loop's namespace in a black-holed S3 (issue 30, what the first pass left):
+the first step after S3 goes quiet runs at local speed, also when the mount never listed
+the directories it writes in; a directory rename, an unlink of an open file and a kill -9
+during the black hole lose nothing and wait for nothing. A real mount, SeaweedFS and the
+fault proxy (`hang`: connections accepted, never answered)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from test_t4_namespace_writeback import bucket_tree, save_checkpoint, tree
+
+
+def training_steps(run, steps) -> list[float]:
+    """Seconds each step of a training-like loop took (makedirs, save, rename, delete)."""
+    seconds = []
+    for step in steps:
+        started = time.monotonic()
+        os.makedirs(run / f"logs/step_{step}", exist_ok=True)
+        save_checkpoint(run / f"tmp-{step}", step)
+        os.rename(run / f"tmp-{step}", run / f"checkpoint-{step}")
+        if (run / f"checkpoint-{step - 2}").exists():
+            shutil.rmtree(run / f"checkpoint-{step - 2}")
+        seconds.append(time.monotonic() - started)
+    return seconds
+
+
+def test_the_first_step_in_a_black_hole_runs_at_local_speed(mount_factory, s3, fault_proxy):
+    """Names in directories listed before the TTL ran out: the lookup that finds S3 quiet
+    waits a moment measured from S3's own listing times, not 2 s."""
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    run = m.path / "run"
+    healthy = training_steps(run, [0, 1])
+    assert m.flush().returncode == 0
+    time.sleep(1.2)  # past the TTL: the step looks its names up in S3 again
+    fault_proxy.hang = True
+    try:
+        quiet = training_steps(run, [2, 3])
+    finally:
+        fault_proxy.hang = False
+    print("seconds per step, healthy:", healthy, "black hole:", quiet)
+    assert quiet[0] < 1.0, (quiet, m.log_tail(80))
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(run).items()}
+
+
+def test_a_first_step_in_directories_never_listed_does_not_wait_for_s3(
+        mount_factory, s3, fault_proxy):
+    """A mount that has not listed its root (nor the run directory a job resumes in) when
+    S3 goes quiet: the loop's first step waits a bounded few seconds, not 30 s (3 listing
+    attempts of 10 s), and the names it makes replace any remote ones."""
+    s3.put("run/checkpoint-0/meta.json", b"old", {})
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.hang = True
+    try:
+        quiet = training_steps(m.path / "run", [2, 3])
+    finally:
+        fault_proxy.hang = False
+    print("seconds per step in a black hole, nothing listed before:", quiet)
+    assert quiet[0] < 6.0, (quiet, m.log_tail(80))
+    assert quiet[1] < 1.0, (quiet, m.log_tail(80))
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(m.path / "run").items()}
