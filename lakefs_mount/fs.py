@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
+import trio
+
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
@@ -298,10 +300,12 @@ class FileSystem:
             async with cf.commit_lock:
                 obj = self.names.object_key(cf.key, cf.base_key)
                 if obj is not None:
-                    if cf.openers:
-                        await self._cache_whole_file(cf)
+                    kept = None
+                    if cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
+                        kept = trio.Event()
+                        self.ns.start_soon(self._keep_bytes, cf, kept)
                     # the DELETE and the end of the file's pending state, in one transaction
-                    await self.names.record(DELETE, obj,
+                    await self.names.record(DELETE, obj, after=kept,
                                             drop_fid=cf.fid if cf.in_journal else None)
                     cf.in_journal = False
                 await self.cache.discard(cf)
@@ -324,12 +328,24 @@ class FileSystem:
         cf.in_journal = False
         await self.cache.discard(cf)
 
-    async def _cache_whole_file(self, cf: CachedFile) -> None:
-        """An open file is about to lose its object: its open handles read from the cache."""
+    async def _keep_bytes(self, cf: CachedFile, kept: trio.Event) -> None:
+        """An open file lost its name: its bytes come to the cache in the background
+        (reading them first made the unlink wait for S3, for ever in a black hole), and
+        its object's DELETE waits for them (`kept`), so the open descriptors read every
+        byte. Once the last one is closed, what is left is not fetched. If S3 never
+        gives them (the object deleted elsewhere), the DELETE goes on and a read of a
+        byte not cached fails with EIO."""
         parts = self.cache.parts
-        async with s3_errors(f"reading {cf.key} before unlink"):
+        try:
             for idx in range(parts.chunk_count(cf.size)):
+                if cf.openers == 0:
+                    break
                 await self.cache.read(cf, parts.chunk_range(idx)[0], 1)
+        except Exception as exc:  # (a background task: the daemon must not end with it)
+            log.warning("%s: unlinked while open, not all of it read before its DELETE: %s",
+                        cf.key, exc)
+        finally:
+            kept.set()
 
     async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
         parent = await self._new_name(parent_ino, name)

@@ -15,6 +15,7 @@ import os
 import stat
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -297,6 +298,11 @@ class Namespace:
             self._start_listing(self.inodes[ROOT_INO])
             task_status.started()
             await trio.sleep_forever()
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run `fn` in a task that outlives the request which starts it."""
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(fn, *args)
 
     def s3_slow(self) -> bool:
         """S3 failed or kept a listing waiting a moment ago: names and attributes the

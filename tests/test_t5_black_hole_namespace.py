@@ -63,3 +63,30 @@ def test_a_first_step_in_directories_never_listed_does_not_wait_for_s3(
     assert quiet[1] < 1.0, (quiet, m.log_tail(80))
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(m.path / "run").items()}
+
+
+def test_unlink_of_an_open_file_not_cached_returns_at_once_and_the_descriptor_reads_it(
+        mount_factory, s3, fault_proxy):
+    """The unlink used to read the whole object first (so that the open descriptor could
+    still read it): in a black hole it waited for S3. Now the object stays in S3 until
+    the descriptor's bytes are in the cache, and its DELETE goes after."""
+    data = os.urandom(40 * 1024 * 1024)
+    s3.put("shard.bin", data, {})
+    m = mount_factory("--read-ahead", "0", "--part-size", "8M",
+                      endpoint_url=fault_proxy.endpoint_url)
+    with open(m.path / "shard.bin", "rb") as f:
+        assert f.read(4096) == data[:4096]  # one 8 MiB chunk cached, 4 only in S3
+        fault_proxy.hang = True
+        try:
+            started = time.monotonic()
+            os.unlink(m.path / "shard.bin")
+            took = time.monotonic() - started
+            assert not (m.path / "shard.bin").exists()
+            time.sleep(10)  # a black hole of 10 s
+        finally:
+            fault_proxy.hang = False
+        assert took < 1.0, (took, m.log_tail())
+        assert f.read() == data[4096:]  # POSIX: the open descriptor reads every byte
+    assert m.flush().returncode == 0, m.log_tail()
+    assert s3.head("shard.bin") is None
+    assert "shard.bin" not in os.listdir(m.path)
