@@ -165,6 +165,18 @@ class NameLog:
         return [k for k in self._creating if k.endswith("/") and k.startswith(prefix)
                 and k != prefix and "/" not in k[len(prefix):-1]]
 
+    def moved_from(self, dir_key: str) -> str | None:
+        """Where S3 still holds the objects of directory `dir_key`: below the source of a
+        pending move of a directory above it whose copy has not started landing (None:
+        at `dir_key` itself). Moves of moves are followed back, latest first."""
+        key = dir_key
+        for op in reversed(self.ops):
+            row = op.row
+            if (row.op == MOVE and row.dst is not None and row.dst.endswith("/")
+                    and key.startswith(row.dst) and row.step == 0):
+                key = row.key + key[len(row.dst):]
+        return None if key == dir_key else key
+
     def object_key(self, key: str, base_key: str | None) -> str | None:
         """Where a file named `key` has its committed object once the changes before now
         are in S3: at its name if a pending rename moves it there, else at its base."""

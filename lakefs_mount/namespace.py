@@ -282,7 +282,7 @@ class Namespace:
     def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
         uid, gid = self.owner
         cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
-                        mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
+                        mtime_ns=int(obj.mtime * 1e9), base_key=obj.key, base_size=obj.size,
                         base_etag=obj.etag, validated_at=time.monotonic())
         self.cache.adopt_warm(cf)
         return cf
@@ -402,14 +402,18 @@ class Namespace:
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)
+        # (a directory renamed here whose objects S3 has not moved yet is listed where
+        # they are; its files read from there until the move's copies land: rebase)
+        listed = (self.names.moved_from(prefix) if self.names is not None else None) or prefix
         try:
             # What was local when the listing started stays, even if its commit lands while
             # the listing is under way (the listing may predate the object).
             local_at_start = {name for name, ino in dir_inode.children.items()
                               if self._has_local_state(self.inodes[ino])}
             started = time.monotonic()
-            listing = await self.store.list_dir(prefix)
+            listing = await self.store.list_dir(listed)
             self._list_seconds.append(time.monotonic() - started)
+            prefix = self.key_of(dir_inode)  # (renamed while S3 listed it: its new place)
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
                 raise
@@ -424,22 +428,22 @@ class Namespace:
         self._slow_until = 0.0
         seen: set[str] = set()
         for sub in listing.prefixes:
-            name = sub[len(prefix):].rstrip("/")
+            name = sub[len(listed):].rstrip("/")
             if not valid_name(name):
                 continue
             seen.add(name)
-            if self.child(dir_inode, name) is None and not self._removed(sub):
+            if self.child(dir_inode, name) is None and not self._removed(prefix + name + "/"):
                 self.add_listed_dir(dir_inode, name)
         for obj in listing.objects:
-            name = obj.key[len(prefix):]
+            name = obj.key[len(listed):]
             if not valid_name(name):
                 continue  # the directory's own marker, or a name POSIX cannot show
             seen.add(name)
             existing = self.child(dir_inode, name)
-            if existing is None and self._removed(obj.key):
+            if existing is None and self._removed(prefix + name):
                 continue  # unlinked or renamed here; S3 does not know yet
             if existing is None:
-                cf = self.new_remote_file(obj.key, obj)
+                cf = self.new_remote_file(prefix + name, obj)
                 inode = self.add(dir_inode, name, Kind.FILE, file=cf)
                 inode.headed = False
             elif existing.file is not None:

@@ -65,10 +65,13 @@ class Renames:
 
     async def move_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         """The whole tree moves in the journal (the move of its objects, and every pending
-        file's key, in one transaction); S3 follows. Its directories are listed first
-        where the mount has not (S3 must answer for those: EIO while it cannot), so that
-        the mount shows the whole tree at its new place until S3 does too, and no name
-        in it is too long for S3 at the new place."""
+        file's key, in one transaction); S3 follows, listing the old prefix anew when it
+        applies the move. Its directories are listed first where the mount has not, so
+        that no name known in it is too long for S3 at the new place; where S3 cannot
+        answer within a lookup's patience (an outage), the rename goes on without: a
+        directory listed later is listed at the old place while the move is pending
+        (Namespace._list), and a key found too long then fails that move's step (logged,
+        retried; documented in docs/semantics.md)."""
         old_prefix = self.ns.key_of(inode)
         new_prefix = self.ns.key_of(dst_parent) + name + "/"
         await self._list_tree(inode)
@@ -97,7 +100,7 @@ class Renames:
         while stack:
             node = stack.pop()
             async with s3_errors(f"listing {self.ns.key_of(node)}"):
-                await self.ns.ensure_listed(node)
+                await self.ns.ensure_listed(node, lenient=True)
             stack.extend(child for name in list(node.children)
                          if (child := self.ns.child(node, name)) is not None and child.is_dir)
 

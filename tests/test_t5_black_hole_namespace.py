@@ -90,3 +90,31 @@ def test_unlink_of_an_open_file_not_cached_returns_at_once_and_the_descriptor_re
     assert m.flush().returncode == 0, m.log_tail()
     assert s3.head("shard.bin") is None
     assert "shard.bin" not in os.listdir(m.path)
+
+
+def test_renaming_a_directory_never_listed_in_a_black_hole_is_written_back_later(
+        mount_factory, s3, fault_proxy):
+    """The rename needed the names below it and failed with EIO after 30 s; now the move
+    of the prefix is journaled at once and S3 lists the tree when it applies it. In the
+    meantime the mount lists the moved directories where S3 still has them."""
+    bodies = {"ckpt/shards/a.bin": os.urandom(1000), "ckpt/shards/deep/b.bin": b"b",
+              "ckpt/meta.json": b"{}"}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    assert "ckpt" in os.listdir(m.path)  # known by name; nothing below it listed yet
+    fault_proxy.hang = True
+    try:
+        started = time.monotonic()
+        os.rename(m.path / "ckpt", m.path / "ckpt-final")
+        took = time.monotonic() - started
+        (m.path / "ckpt-final" / "new.txt").write_bytes(b"new")
+    finally:
+        fault_proxy.hang = False
+    assert took < 6.0, (took, m.log_tail())
+    want = {k.replace("ckpt/", "ckpt-final/", 1): v for k, v in bodies.items()}
+    want["ckpt-final/new.txt"] = b"new"
+    assert {"ckpt-final/" + k: v for k, v in tree(m.path / "ckpt-final").items()} == want
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == want
+    assert not (m.path / "ckpt").exists()
