@@ -490,19 +490,26 @@ class FileSystem:
 
     async def _revalidate(self, inode: Inode) -> None:
         """Close-to-open: a first open after the TTL checks the ETag; a changed object
-        drops the cached chunks of the old version. While S3 is unreachable or slow the
-        open goes on with the version last seen (what is cached of it reads at local
-        speed)."""
+        drops the cached chunks of the old version. While S3 is unreachable or slow (no
+        answer within a lookup's patience) the open goes on with the version last seen
+        (what is cached of it reads at local speed)."""
         cf = inode.file
         assert cf is not None
         if (cf.pending or cf.openers or cf.base_key is None
                 or time.monotonic() - cf.validated_at < self.ns.ttl or self.ns.s3_slow()):
             return
+        patience = self.ns.patience(True)
         try:
-            info = await self.store.head(cf.base_key)
+            with trio.move_on_after(patience) as waited:
+                info = await self.store.head(cf.base_key)
         except ObjectStoreError as exc:  # S3 cannot say now: the version last seen serves
             log.warning("%s not revalidated (%s): the version last seen is served",
                         cf.base_key, exc)
+            return
+        if waited.cancelled_caught:
+            self.ns.s3_was_slow()
+            log.warning("%s not revalidated (S3 did not answer in %.2f s): the version last "
+                        "seen is served", cf.base_key, patience)
             return
         if info is None:
             raise FSError(errno.ENOENT, f"{cf.base_key} was deleted in S3")

@@ -309,10 +309,10 @@ class Namespace:
         mount knows answer at once instead of waiting for it again."""
         return time.monotonic() < self._slow_until
 
-    def _s3_was_slow(self) -> None:
+    def s3_was_slow(self) -> None:
         self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
 
-    def _patience(self, listed_before: bool) -> float:
+    def patience(self, listed_before: bool) -> float:
         """Seconds a lookup waits for a listing before the mount's own knowledge answers:
         none while S3 is known to be slow; for a directory listed before, a few times
         what S3 took to list lately (a black hole shows within a fraction of a second),
@@ -329,7 +329,7 @@ class Namespace:
                             lenient: bool = False) -> None:
         """Merge the S3 listing of a directory into its children, at most once per TTL.
 
-        A directory listed before waits a moment for S3 (_patience; none while S3 is
+        A directory listed before waits a moment for S3 (patience; none while S3 is
         slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
         name, which a create needs to go on): then it waits UNLISTED_PATIENCE at most,
@@ -376,11 +376,11 @@ class Namespace:
     async def _await_listing(self, dir_inode: Inode, listing: _Listing,
                              lenient: bool) -> None:
         if dir_inode.listed_at or lenient:  # S3 gets a moment, not more
-            patience = self._patience(bool(dir_inode.listed_at))
+            patience = self.patience(bool(dir_inode.listed_at))
             with trio.move_on_at(listing.started + patience if patience else -math.inf):
                 await listing.done.wait()
             if not listing.done.is_set():
-                self._s3_was_slow()
+                self.s3_was_slow()
                 if not dir_inode.unlistable_at:
                     log.warning("S3 has not listed %s in %.2f s; %s", self.key_of(dir_inode),
                                 trio.current_time() - listing.started,
@@ -422,7 +422,7 @@ class Namespace:
             if not dir_inode.unlistable_at:
                 log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
             dir_inode.unlistable_at = dir_inode.listed_at = time.monotonic()
-            self._s3_was_slow()
+            self.s3_was_slow()
             return
         dir_inode.unlistable_at = 0.0
         self._slow_until = 0.0
@@ -541,7 +541,7 @@ class Namespace:
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
         """Stored attributes of subdirectories (see dirattrs). S3 gets the same moment as
-        for a listing (_patience): one that S3 cannot tell about by then is served 0700
+        for a listing (patience): one that S3 cannot tell about by then is served 0700
         and the mount's owner, never looser than it was given, and its attributes land
         when S3 answers (or are asked again at its next lookup)."""
         if self.dir_attrs is None:
@@ -551,13 +551,13 @@ class Namespace:
         load = self._attr_loads.get(parent.ino)
         if load is None:
             load = self._start_attr_load(parent, dirs)
-        patience = self._patience(True)
+        patience = self.patience(True)
         with trio.move_on_at(load.started + patience if patience else -math.inf):
             await load.done.wait()
         if load.done.is_set() and load.error is None and all(d.headed for d in dirs):
             return  # (a load started for other siblings may leave some: asked again later)
         if not load.done.is_set():
-            self._s3_was_slow()
+            self.s3_was_slow()
         log.warning("attributes of directories in %s not read (%s): served 0700 until "
                     "they are", self.key_of(parent),
                     load.error or f"no answer in {trio.current_time() - load.started:.2f} s")
