@@ -293,11 +293,18 @@ class Namespace:
         for a slow S3 while the listing goes on and lands later."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            # The root listed at once, while S3 answers: a lookup there during an outage
-            # later answers from it instead of waiting for S3.
-            self._start_listing(self.inodes[ROOT_INO])
+            nursery.start_soon(self._first_listing, self._start_listing(self.inodes[ROOT_INO]))
             task_status.started()
             await trio.sleep_forever()
+
+    async def _first_listing(self, listing: _Listing) -> None:
+        """The root is listed at mount, while S3 answers: a lookup there during an outage
+        answers from that listing after a moment instead of waiting for S3 (30 s for a
+        directory never listed). It counts as expired at once: a name another node makes
+        meanwhile shows at the next lookup, as without it."""
+        await listing.done.wait()
+        if listing.error is None:
+            self.inodes[ROOT_INO].listed_at -= self.ttl
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run `fn` in a task that outlives the request which starts it."""
