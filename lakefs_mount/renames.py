@@ -17,8 +17,9 @@ from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat
 from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.inode import Inode
 from lakefs_mount.namelog import MOVE, NameLog, dir_arg
-from lakefs_mount.namespace import Inode, Namespace
+from lakefs_mount.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
