@@ -48,6 +48,7 @@ class Namespace(Listed):
         # Where directories' own attributes are kept (None: listed directories show defaults).
         self.dir_attrs = dir_attrs
         self._attr_loads: dict[int, ListingUnderWay] = {}  # subdirectories' attributes, by parent
+        self._attrs_unread: set[int] = set()  # parents whose load failed (logged once)
 
     async def ensure_headed(self, inode: Inode, with_body: bool = False) -> None:
         """Attributes from the object's metadata (mode, owner, mtime, symlink); with_body
@@ -109,9 +110,11 @@ class Namespace(Listed):
             return  # (a load started for other siblings may leave some: asked again later)
         if not load.done.is_set():
             self.s3_was_slow()
-        log.warning("attributes of directories in %s not read (%s): served 0700 until "
-                    "they are", self.key_of(parent),
-                    load.error or f"no answer in {trio.current_time() - load.started:.2f} s")
+        if parent.ino not in self._attrs_unread:  # (said once until they are read)
+            self._attrs_unread.add(parent.ino)
+            log.warning("attributes of directories in %s not read (%s): served 0700 until "
+                        "they are", self.key_of(parent),
+                        load.error or f"no answer in {trio.current_time() - load.started:.2f} s")
         for inode in dirs:
             if not inode.headed:
                 inode.dir_mode = stat.S_IFDIR | 0o700
@@ -143,6 +146,7 @@ class Namespace(Listed):
                                                                     attrs.gid)
                     inode.dir_mtime_ns = attrs.mtime_ns
                 inode.headed = True
+            self._attrs_unread.discard(parent.ino)
 
         assert self._nursery is not None, "Namespace.run is not running"
         self._nursery.start_soon(load_them)
