@@ -33,9 +33,6 @@ LIST_PATIENCE = 2.0
 PATIENCE_FLOOR = 0.25
 PATIENCE_FACTOR = 4.0
 RECENT_LISTINGS = 16
-# A directory never listed: a lookup in it waits this long for S3 before what the mount
-# knows answers (a create goes on as a new file); none while S3 is known to be slow.
-UNLISTED_PATIENCE = 5.0
 SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for this long
 
 
@@ -114,12 +111,14 @@ class Listed(Tree):
     def patience(self, listed_before: bool) -> float:
         """Seconds a lookup waits for a listing before the mount's own knowledge answers:
         none while S3 is known to be slow; for a directory listed before, a few times
-        what S3 took to list lately (a black hole shows within a fraction of a second),
-        for one never listed, UNLISTED_PATIENCE (not the listing's 3 attempts of 10 s)."""
+        what S3 took to list lately (a black hole shows within a fraction of a second);
+        for one never listed, as long as its listing takes (bounded by its requests'): a
+        healthy S3 may take seconds to list a huge directory, and no name in it is known
+        before (the root is listed at mount, so an outage shows in a listed one first)."""
         if self.s3_slow():
             return 0.0
         if not listed_before:
-            return UNLISTED_PATIENCE
+            return math.inf
         if not self._list_seconds:
             return LIST_PATIENCE
         return min(LIST_PATIENCE, max(PATIENCE_FLOOR, PATIENCE_FACTOR * max(self._list_seconds)))
@@ -131,9 +130,10 @@ class Listed(Tree):
         A directory listed before waits a moment for S3 (patience; none while S3 is
         slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
-        name, which a create needs to go on): then it waits UNLISTED_PATIENCE at most,
-        and what the mount knows of it answers, the listing lands when S3 answers (or
-        S3 is asked again after the TTL), and the log says so once per directory.
+        name, which a create needs to go on): then what the mount knows of it answers
+        once the listing failed, or at once while S3 is known to be slow (the listing
+        lands when S3 answers), S3 is asked again after the TTL, and the log says so
+        once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory

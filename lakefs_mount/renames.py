@@ -12,6 +12,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import trio
+
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
@@ -100,8 +102,14 @@ class Renames:
         stack = [top]
         while stack:
             node = stack.pop()
-            async with s3_errors(f"listing {self.ns.key_of(node)}"):
-                await self.ns.ensure_listed(node, lenient=True)
+            with trio.move_on_after(self.ns.patience(True)) as waited:
+                async with s3_errors(f"listing {self.ns.key_of(node)}"):
+                    await self.ns.ensure_listed(node, lenient=True)
+            if waited.cancelled_caught:  # (its listing goes on, and lands when S3 answers)
+                self.ns.s3_was_slow()
+                log.warning("renaming %s without the names S3 has below it: S3 did not list "
+                            "it in time (the move lists them when S3 answers)",
+                            self.ns.key_of(node))
             stack.extend(child for name in list(node.children)
                          if (child := self.ns.child(node, name)) is not None and child.is_dir)
 

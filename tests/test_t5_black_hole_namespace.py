@@ -48,9 +48,11 @@ def test_the_first_step_in_a_black_hole_runs_at_local_speed(mount_factory, s3, f
 
 def test_a_first_step_in_directories_never_listed_does_not_wait_for_s3(
         mount_factory, s3, fault_proxy):
-    """A mount that has not listed its root (nor the run directory a job resumes in) when
-    S3 goes quiet: the loop's first step waits a bounded few seconds, not 30 s (3 listing
-    attempts of 10 s), and the names it makes replace any remote ones."""
+    """A mount whose user never listed its root (nor the run directory a job resumes in)
+    when S3 goes quiet: the first step waited 31 s (the attributes of `run/`, a listing of
+    3 attempts of 10 s, then its listing). The root's listing at mount shows the outage in
+    a moment; `run/`'s attributes and listing land later, and the names the loop makes
+    replace any remote ones."""
     s3.put("run/checkpoint-0/meta.json", b"old", {})
     m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
     fault_proxy.hang = True
@@ -59,7 +61,7 @@ def test_a_first_step_in_directories_never_listed_does_not_wait_for_s3(
     finally:
         fault_proxy.hang = False
     print("seconds per step in a black hole, nothing listed before:", quiet)
-    assert quiet[0] < 6.0, (quiet, m.log_tail(80))
+    assert quiet[0] < 1.0, (quiet, m.log_tail(80))
     assert quiet[1] < 1.0, (quiet, m.log_tail(80))
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(m.path / "run").items()}
