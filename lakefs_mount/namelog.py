@@ -63,7 +63,9 @@ class NameOp:
     row: NameOpRow
     done: trio.Event = field(default_factory=trio.Event)
     running: bool = False
-    after: trio.Lock | None = None  # (not journaled) held by a commit that must end first
+    # (not journaled) held by a commit that must end first, or set once an unlinked open
+    # file's bytes are cached
+    after: trio.Lock | trio.Event | None = None
     error_streak: int = 0
     error_count: int = 0
     last_error: str | None = None
@@ -116,10 +118,10 @@ class NameLog:
                      *, drop_fid: int | None = None,
                      rekey: tuple[int, str, str | None] | None = None,
                      rekey_prefix: tuple[str, str] | None = None,
-                     after: trio.Lock | None = None) -> None:
+                     after: trio.Lock | trio.Event | None = None) -> None:
         """Journal one change (with the `files` rows change that goes with it); from here
-        on it reaches S3 whatever happens to the daemon. `after`: a commit's lock, which
-        the change waits for (after a crash no commit is under way)."""
+        on it reaches S3 whatever happens to the daemon. `after`: a commit's lock, or an
+        event, which the change waits for (after a crash nothing is under way)."""
         add = functools.partial(self.journal.sync.add_name_op, op, key, dst, arg,
                                 drop_fid=drop_fid, rekey=rekey, rekey_prefix=rekey_prefix)
         seq = await self.journal(add)
@@ -166,6 +168,18 @@ class NameLog:
         """Keys of directories that pending changes make right below `prefix`."""
         return [k for k in self._creating if k.endswith("/") and k.startswith(prefix)
                 and k != prefix and "/" not in k[len(prefix):-1]]
+
+    def moved_from(self, dir_key: str) -> str | None:
+        """Where S3 still holds the objects of directory `dir_key`: below the source of a
+        pending move of a directory above it whose copy has not started landing (None:
+        at `dir_key` itself). Moves of moves are followed back, latest first."""
+        key = dir_key
+        for op in reversed(self.ops):
+            row = op.row
+            if (row.op == MOVE and row.dst is not None and row.dst.endswith("/")
+                    and key.startswith(row.dst) and row.step == 0):
+                key = row.key + key[len(row.dst):]
+        return None if key == dir_key else key
 
     def object_key(self, key: str, base_key: str | None) -> str | None:
         """Where a file named `key` has its committed object once the changes before now
@@ -237,7 +251,9 @@ class NameLog:
         return ready
 
     async def _apply_task(self, op: NameOp, limiter: trio.CapacityLimiter) -> None:
-        if op.after is not None:
+        if isinstance(op.after, trio.Event):  # an open file's bytes are in the cache
+            await op.after.wait()
+        elif op.after is not None:
             async with op.after:  # the commit under way at the unlink has ended
                 pass
         while True:

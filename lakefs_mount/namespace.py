@@ -1,462 +1,54 @@
-"""Inodes and their names: the tree the kernel sees, merged from S3 listings and the cache.
+"""Inodes and their names: the tree the kernel sees, merged from S3 listings and the cache,
+with the attributes of what S3 listed (HEADs, attribute indexes, directory sidecars).
 
-Inode numbers are handed out once and stay with a file for the life of the mount, also
-across renames. A directory's listing comes from S3 (cached for the metadata TTL) merged
-with what exists only in the cache (files not yet committed).
+Layers: inode.py (an inode), tree.py (numbers, names, keys), listings.py (S3 listings
+and how long a lookup waits for them), this module (attributes, moves in S3).
 """
 
 from __future__ import annotations
 
-import enum
-import itertools
 import logging
 import math
-import os
 import stat
 import time
-from dataclasses import dataclass, field
 
 import trio
 
-from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs
-from lakefs_mount.dirindex import RESERVED_NAME, DirIndex, IndexEntry
+from lakefs_mount.dirindex import DirIndex, IndexEntry
+from lakefs_mount.inode import DEFAULT_DIR_MODE, ROOT_INO, Inode, Kind, kind_of, valid_name
 from lakefs_mount.invalidations import Invalidations
+from lakefs_mount.listings import Listed, ListingUnderWay
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.layout import SPECIAL_TYPES, decode_attrs
+from lakefs_mount.s3.layout import decode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
+
+__all__ = ["ROOT_INO", "SMALL_OBJECT_MAX", "Inode", "Kind", "Namespace", "kind_of",
+           "valid_name"]
 
 log = logging.getLogger(__name__)
 
-ROOT_INO = 1
-DEFAULT_FILE_MODE = stat.S_IFREG | 0o644
-DEFAULT_DIR_MODE = stat.S_IFDIR | 0o755
 HEAD_CONCURRENCY = 32
 # Looked up by name, an object up to this size is fetched whole instead of HEADed: the GET
 # brings the same metadata, and the read that usually follows a lookup needs no request.
 SMALL_OBJECT_MAX = 256 * 1024
 
 
-# How long a lookup in a directory listed before waits for S3 to list it again before the
-# last listing answers (the listing goes on, and lands when S3 answers): S3 lists a
-# directory in milliseconds when it is well; a stuck connection may take minutes.
-LIST_PATIENCE = 2.0
-SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for this long
-
-
-@dataclass(eq=False)
-class _Listing:
-    """A listing of one directory under way (waiters share it)."""
-
-    done: trio.Event = field(default_factory=trio.Event)
-    started: float = field(default_factory=trio.current_time)
-    error: ObjectStoreError | None = None
-
-
-class Kind(enum.Enum):
-    FILE = "file"
-    DIR = "dir"
-    SYMLINK = "symlink"
-    SPECIAL = "special"  # FIFO, device or UNIX socket: a zero-byte object the kernel serves
-
-
-def kind_of(cf: CachedFile) -> Kind:
-    """What a file's content and mode make it."""
-    if cf.symlink is not None or stat.S_ISLNK(cf.mode):
-        return Kind.SYMLINK
-    return Kind.SPECIAL if stat.S_IFMT(cf.mode) in SPECIAL_TYPES else Kind.FILE
-
-
-@dataclass(eq=False)
-class Inode:
-    ino: int
-    kind: Kind
-    parent: int
-    name: str
-    file: CachedFile | None = None  # content and attributes of files and symlinks
-    dir_mode: int = DEFAULT_DIR_MODE
-    dir_uid: int = 0
-    dir_gid: int = 0
-    dir_mtime_ns: int = 0
-    children: dict[str, int] = field(default_factory=dict)
-    subdirs: int = 0  # directories among the children: st_nlink is 2 + subdirs
-    listed_at: float = 0.0  # monotonic time of the last S3 listing; 0 = never listed
-    unlistable_at: float = 0.0  # when S3 last failed to list it (0: it answered since)
-    headed: bool = True  # False: attributes are listing defaults until a HEAD
-    indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
-    lookups: int = 0
-    ctime_ns: int = 0
-
-    @property
-    def is_dir(self) -> bool:
-        return self.kind is Kind.DIR
-
-    @property
-    def mode(self) -> int:
-        return self.file.mode if self.file is not None else self.dir_mode
-
-    @property
-    def uid(self) -> int:
-        return self.file.uid if self.file is not None else self.dir_uid
-
-    @property
-    def gid(self) -> int:
-        return self.file.gid if self.file is not None else self.dir_gid
-
-    @property
-    def mtime_ns(self) -> int:
-        return self.file.mtime_ns if self.file is not None else self.dir_mtime_ns
-
-    @property
-    def size(self) -> int:
-        if self.file is None:
-            return 0
-        if self.file.symlink is not None:
-            return len(self.file.symlink.encode())
-        return self.file.size
-
-    def set_attrs(self, mode: int | None = None, uid: int | None = None,
-                  gid: int | None = None, mtime_ns: int | None = None) -> None:
-        target: object = self.file if self.file is not None else None
-        prefix = "" if target is not None else "dir_"
-        obj = target if target is not None else self
-        for name, value in (("mode", mode), ("uid", uid), ("gid", gid), ("mtime_ns", mtime_ns)):
-            if value is not None:
-                setattr(obj, prefix + name, value)
-        self.ctime_ns = time.time_ns()
-
-
-class Namespace:
+class Namespace(Listed):
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], *, index_writer: str,
                  dir_attrs: DirAttrs | None, names: NameLog | None = None,
                  kernel: Invalidations | None = None) -> None:
-        self.store = store
-        # Namespace changes not yet in S3: a listing shows what they make and hides what
-        # they remove, as the bucket will once they are applied.
-        self.names = names
-        # What the kernel caches of names and files found changed in S3 (the session sends)
-        self.kernel = kernel if kernel is not None else Invalidations()
-        # The cache learns of files seen in S3 (a previous mount may hold them: adopt_warm),
-        # of bases moving to a new version (their cached chunks are void: invalidate), and
-        # GETs small objects whole at lookup (fetch_small_object).
-        self.cache = cache
-        self.prefix = prefix
-        self.ttl = ttl
-        self.owner = owner
-        self._next_ino = itertools.count(ROOT_INO + 1)
+        super().__init__(store, cache, prefix, ttl, owner, names, kernel)
         # Directories' attribute indexes, written by this cache as `index_writer`.
         self.index = DirIndex(store, prefix, index_writer, self.index_entries)
         # Where directories' own attributes are kept (None: listed directories show defaults).
         self.dir_attrs = dir_attrs
-        now = time.time_ns()
-        root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
-                     dir_mtime_ns=now, ctime_ns=now)
-        self.inodes: dict[int, Inode] = {ROOT_INO: root}
-        self._listings: dict[int, _Listing] = {}  # directories being listed right now
-        self._nursery: trio.Nursery | None = None  # where listings run (run())
-        self._slow_until = 0.0  # monotonic time until which S3 counts as slow
-
-    # -- paths and keys ---------------------------------------------------------------
-
-    def path_of(self, inode: Inode) -> str:
-        """Path relative to the mount root, without a leading slash ("" for the root)."""
-        parts: list[str] = []
-        while inode.ino != ROOT_INO:
-            parts.append(inode.name)
-            inode = self.inodes[inode.parent]
-        return "/".join(reversed(parts))
-
-    def dir_by_key(self, dir_key: str) -> Inode | None:
-        """The directory whose key is `dir_key`, if this mount knows it."""
-        inode = self.inodes[ROOT_INO]
-        for name in dir_key[len(self.prefix):].split("/")[:-1] if dir_key != self.prefix else []:
-            child = self.child(inode, name)
-            if child is None or not child.is_dir:
-                return None
-            inode = child
-        return inode
-
-    def key_of(self, inode: Inode) -> str:
-        path = self.path_of(inode)
-        if inode.is_dir:
-            return self.prefix + path + "/" if path else self.prefix
-        return self.prefix + path
-
-    def get(self, ino: int) -> Inode:
-        return self.inodes[ino]
-
-    def child(self, parent: Inode, name: str) -> Inode | None:
-        ino = parent.children.get(name)
-        return None if ino is None else self.inodes.get(ino)
-
-    # -- creating and moving entries ------------------------------------------------
-
-    def add(self, parent: Inode, name: str, kind: Kind, file: CachedFile | None = None,
-            **dir_attrs: int) -> Inode:
-        ino = next(self._next_ino)
-        inode = Inode(ino, kind, parent.ino, name, file=file, ctime_ns=time.time_ns(),
-                      **dir_attrs)  # type: ignore[arg-type]
-        if kind is Kind.DIR:
-            inode.listed_at = 0.0
-        self.inodes[ino] = inode
-        self._set_child(parent, name, inode)
-        return inode
-
-    def add_listed_dir(self, parent: Inode, name: str) -> Inode:
-        """A directory that S3 (or the journal) has: its attributes are loaded before the
-        kernel sees it (ensure_headed); till then the mount's owner and defaults."""
-        uid, gid = self.owner
-        inode = self.add(parent, name, Kind.DIR, dir_uid=uid, dir_gid=gid,
-                         dir_mtime_ns=time.time_ns())
-        inode.headed = False
-        return inode
-
-    def detach(self, inode: Inode) -> None:
-        """Remove a name; the inode lives on while the kernel still references it."""
-        parent = self.inodes.get(inode.parent)
-        if parent is not None:
-            self._drop_child(parent, inode)
-        if inode.lookups <= 0 and inode.ino != ROOT_INO:
-            self.inodes.pop(inode.ino, None)
-
-    def move(self, inode: Inode, new_parent: Inode, new_name: str) -> None:
-        self._drop_child(self.inodes[inode.parent], inode)
-        inode.parent, inode.name = new_parent.ino, new_name
-        self._set_child(new_parent, new_name, inode)
-        inode.ctime_ns = time.time_ns()
-
-    def _set_child(self, parent: Inode, name: str, inode: Inode) -> None:
-        replaced = self.child(parent, name)
-        if replaced is not None and replaced.is_dir:
-            parent.subdirs -= 1
-        parent.children[name] = inode.ino
-        if inode.is_dir:
-            parent.subdirs += 1
-
-    def _drop_child(self, parent: Inode, inode: Inode) -> None:
-        if parent.children.get(inode.name) == inode.ino:
-            del parent.children[inode.name]
-            if inode.is_dir:
-                parent.subdirs -= 1
-
-    def forget(self, ino: int, count: int) -> None:
-        inode = self.inodes.get(ino)
-        if inode is None or ino == ROOT_INO:
-            return
-        inode.lookups -= count
-        parent = self.inodes.get(inode.parent)
-        attached = parent is not None and parent.children.get(inode.name) == ino
-        if inode.lookups <= 0 and not attached:
-            del self.inodes[ino]
-
-    def descendants(self, inode: Inode) -> list[Inode]:
-        out: list[Inode] = []
-        stack = [inode]
-        while stack:
-            node = stack.pop()
-            for ino in node.children.values():
-                child = self.inodes.get(ino)
-                if child is not None:
-                    out.append(child)
-                    if child.is_dir:
-                        stack.append(child)
-        return out
-
-    # -- S3 listings ----------------------------------------------------------------
-
-    def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
-        uid, gid = self.owner
-        cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
-                        mtime_ns=int(obj.mtime * 1e9), base_key=key, base_size=obj.size,
-                        base_etag=obj.etag, validated_at=time.monotonic())
-        self.cache.adopt_warm(cf)
-        return cf
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Where listings run: in tasks of their own, so that a lookup can stop waiting
-        for a slow S3 while the listing goes on and lands later."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
-    def s3_slow(self) -> bool:
-        """S3 failed or kept a listing waiting a moment ago: names and attributes the
-        mount knows answer at once instead of waiting for it again."""
-        return time.monotonic() < self._slow_until
-
-    def _s3_was_slow(self) -> None:
-        self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
-
-    async def ensure_listed(self, dir_inode: Inode, force: bool = False,
-                            lenient: bool = False) -> None:
-        """Merge the S3 listing of a directory into its children, at most once per TTL.
-
-        A directory listed before waits at most LIST_PATIENCE for S3 (none while S3
-        is slow): then its last listing answers, and the listing lands when S3 does. One
-        never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
-        name, which a create needs to go on): then what the mount knows of it answers,
-        S3 is asked again after the TTL, and the log says so once per directory.
-
-        Lookups that find the directory being listed wait for that listing and take its
-        outcome instead of sending their own (8 readers opening files of a new directory
-        sent 8 listings); a forced listing must start after the call, so it waits its turn.
-        """
-        if not force and dir_inode.listed_at and (
-                time.monotonic() - dir_inode.listed_at < self.ttl
-                or self._pending(self.key_of(dir_inode))):
-            return  # (S3 has not even its marker yet: it holds nothing the mount lacks)
-        if lenient and time.monotonic() - dir_inode.unlistable_at < self.ttl:
-            return
-        running = self._listings.get(dir_inode.ino)
-        if running is not None and force:
-            await self._await_listing(dir_inode, running, lenient)
-            if self._listings.get(dir_inode.ino) is not None:
-                return  # S3 is slow: the last listing answers
-            running = None
-        if running is None:
-            running = self._start_listing(dir_inode)
-        await self._await_listing(dir_inode, running, lenient)
-
-    def _start_listing(self, dir_inode: Inode) -> _Listing:
-        listing = _Listing()
-        self._listings[dir_inode.ino] = listing
-
-        async def list_it() -> None:
-            try:
-                await self._list(dir_inode)
-            except ObjectStoreError as exc:  # (a directory listed before serves its last)
-                listing.error = exc
-            finally:
-                del self._listings[dir_inode.ino]
-                listing.done.set()
-
-        assert self._nursery is not None, "Namespace.run is not running"
-        self._nursery.start_soon(list_it)
-        return listing
-
-    async def _await_listing(self, dir_inode: Inode, listing: _Listing,
-                             lenient: bool) -> None:
-        if dir_inode.listed_at:  # a last listing exists: S3 gets a moment, not more
-            patience = 0.0 if self.s3_slow() else listing.started + LIST_PATIENCE
-            with trio.move_on_at(patience if patience else -math.inf):
-                await listing.done.wait()
-            if not listing.done.is_set():
-                self._s3_was_slow()
-                if not dir_inode.unlistable_at:
-                    log.warning("S3 has not listed %s yet; serving the last listing",
-                                self.key_of(dir_inode))
-                dir_inode.unlistable_at = time.monotonic()
-                return
-        else:
-            await listing.done.wait()
-        if listing.error is None:
-            return
-        if not lenient:
-            raise listing.error
-        if not dir_inode.unlistable_at:
-            log.warning("listing %s failed (%s): names in it are looked up among what "
-                        "this mount knows until S3 answers", self.key_of(dir_inode),
-                        listing.error)
-        dir_inode.unlistable_at = time.monotonic()
-
-    async def _list(self, dir_inode: Inode) -> None:
-        prefix = self.key_of(dir_inode)
-        try:
-            # What was local when the listing started stays, even if its commit lands while
-            # the listing is under way (the listing may predate the object).
-            local_at_start = {name for name, ino in dir_inode.children.items()
-                              if self._has_local_state(self.inodes[ino])}
-            started = time.monotonic()
-            listing = await self.store.list_dir(prefix)
-        except ObjectStoreError as exc:
-            if not dir_inode.listed_at:
-                raise
-            # S3 is unavailable: the last listing plus the cache keep the mount usable,
-            # for another TTL before S3 is asked again; said once until S3 lists it again.
-            if not dir_inode.unlistable_at:
-                log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
-            dir_inode.unlistable_at = dir_inode.listed_at = time.monotonic()
-            self._s3_was_slow()
-            return
-        dir_inode.unlistable_at = 0.0
-        self._slow_until = 0.0
-        seen: set[str] = set()
-        for sub in listing.prefixes:
-            name = sub[len(prefix):].rstrip("/")
-            if not valid_name(name):
-                continue
-            seen.add(name)
-            if self.child(dir_inode, name) is None and not self._removed(sub):
-                self.add_listed_dir(dir_inode, name)
-        for obj in listing.objects:
-            name = obj.key[len(prefix):]
-            if not valid_name(name):
-                continue  # the directory's own marker, or a name POSIX cannot show
-            seen.add(name)
-            existing = self.child(dir_inode, name)
-            if existing is None and self._removed(obj.key):
-                continue  # unlinked or renamed here; S3 does not know yet
-            if existing is None:
-                cf = self.new_remote_file(obj.key, obj)
-                inode = self.add(dir_inode, name, Kind.FILE, file=cf)
-                inode.headed = False
-            elif existing.file is not None:
-                self._refresh_file(existing, obj, started)
-        for key in self.names.dirs_made_in(prefix) if self.names is not None else ():
-            name = key[len(prefix):-1]  # (made before a crash: the journal knows it)
-            if valid_name(name) and self.child(dir_inode, name) is None:
-                self.add_listed_dir(dir_inode, name)
-        for name, ino in list(dir_inode.children.items()):
-            if (name not in seen and name not in local_at_start
-                    and not self._has_local_state(self.inodes[ino])):
-                self.detach(self.inodes[ino])
-                self.kernel.entry(dir_inode.ino, name)
-        dir_inode.listed_at = time.monotonic()
-
-    def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
-        """A listing saw the object: unchanged, that validates it for close-to-open (no
-        HEAD at the next open: one LIST stands for a HEAD of every file in it); changed in
-        S3 (written elsewhere), what we cached of it is dropped."""
-        cf = inode.file
-        assert cf is not None
-        if cf.base_etag == obj.etag:
-            if cf.base_key == obj.key:
-                cf.validated_at = max(cf.validated_at, listed_at)
-            return
-        if cf.pending or cf.openers:
-            return
-        self.cache.invalidate(cf)
-        cf.size = cf.base_size = obj.size
-        cf.base_etag = obj.etag
-        cf.base_key = obj.key
-        cf.validated_at = time.monotonic()
-        cf.mtime_ns = int(obj.mtime * 1e9)
-        cf.s3_meta = None
-        inode.headed = False
-        self.kernel.inode(inode.ino)
-
-    def _pending(self, key: str) -> bool:
-        return self.names is not None and self.names.creating(key)
-
-    def _removed(self, key: str) -> bool:
-        return self.names is not None and self.names.removing(key)
-
-    def _has_local_state(self, inode: Inode) -> bool:
-        """True if the entry exists only here so far (pending content, a fresh dir, a
-        name a pending namespace change makes)."""
-        if self._pending(self.key_of(inode)):
-            return True
-        if inode.file is not None:
-            return inode.file.pending or inode.file.openers > 0
-        if inode.is_dir and inode.listed_at and time.monotonic() - inode.listed_at < self.ttl:
-            return True
-        return any(self._has_local_state(d) for d in self.descendants(inode))
+        self._attr_loads: dict[int, ListingUnderWay] = {}  # subdirectories' attributes, by parent
+        self._attrs_unread: set[int] = set()  # parents whose load failed (logged once)
 
     async def ensure_headed(self, inode: Inode, with_body: bool = False) -> None:
         """Attributes from the object's metadata (mode, owner, mtime, symlink); with_body
@@ -500,30 +92,65 @@ class Namespace:
         await each_bounded(self.ensure_headed, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
-        """Stored attributes of subdirectories (see dirattrs). One that S3 cannot tell
-        about right now is served 0700 and the mount's owner, never looser than it was
-        given, and asked again at its next lookup."""
+        """Stored attributes of subdirectories (see dirattrs). S3 gets the same moment as
+        for a listing (patience): one that S3 cannot tell about by then is served 0700
+        and the mount's owner, never looser than it was given, and its attributes land
+        when S3 answers (or are asked again at its next lookup)."""
         if self.dir_attrs is None:
             for inode in dirs:
                 inode.headed = True
             return
-        try:
-            found = await self.dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
-        except ObjectStoreError as exc:
+        load = self._attr_loads.get(parent.ino)
+        if load is None:
+            load = self._start_attr_load(parent, dirs)
+        patience = self.patience(True)
+        with trio.move_on_at(load.started + patience if patience else -math.inf):
+            await load.done.wait()
+        if load.done.is_set() and load.error is None and all(d.headed for d in dirs):
+            return  # (a load started for other siblings may leave some: asked again later)
+        if not load.done.is_set():
+            self.s3_was_slow()
+        if parent.ino not in self._attrs_unread:  # (said once until they are read)
+            self._attrs_unread.add(parent.ino)
             log.warning("attributes of directories in %s not read (%s): served 0700 until "
-                        "they are", self.key_of(parent), exc)
-            for inode in dirs:
+                        "they are", self.key_of(parent),
+                        load.error or f"no answer in {trio.current_time() - load.started:.2f} s")
+        for inode in dirs:
+            if not inode.headed:
                 inode.dir_mode = stat.S_IFDIR | 0o700
                 inode.dir_uid, inode.dir_gid = self.owner
-            return
-        for inode in dirs:
-            attrs = found.get(inode.name)
-            if attrs is None:  # never given any: the defaults (also after a failed read)
-                inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
-            else:
-                inode.dir_mode, inode.dir_uid, inode.dir_gid = attrs.mode, attrs.uid, attrs.gid
-                inode.dir_mtime_ns = attrs.mtime_ns
-            inode.headed = True
+
+    def _start_attr_load(self, parent: Inode, dirs: list[Inode]) -> ListingUnderWay:
+        """Load the attributes of `dirs` in a task of its own (a lookup stops waiting for a
+        quiet S3; they land when it answers)."""
+        load = ListingUnderWay()
+        self._attr_loads[parent.ino] = load
+        dir_attrs = self.dir_attrs
+        assert dir_attrs is not None
+
+        async def load_them() -> None:
+            try:
+                found = await dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
+            except ObjectStoreError as exc:
+                load.error = exc
+                return
+            finally:
+                del self._attr_loads[parent.ino]
+                load.done.set()
+            for inode in dirs:
+                attrs = found.get(inode.name)
+                if attrs is None:  # never given any: the defaults (also after a failed read)
+                    inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
+                else:
+                    inode.dir_mode, inode.dir_uid, inode.dir_gid = (attrs.mode, attrs.uid,
+                                                                    attrs.gid)
+                    inode.dir_mtime_ns = attrs.mtime_ns
+                inode.headed = True
+            self._attrs_unread.discard(parent.ino)
+
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(load_them)
+        return load
 
     def _unheaded_dirs(self, parent: Inode) -> list[Inode]:
         children = (self.inodes.get(ino) for ino in parent.children.values())
@@ -618,24 +245,3 @@ class Namespace:
                 continue
             if cf.base_key in etags:
                 cf.base_etag = etags[cf.base_key]
-
-    def attach_path(self, path: str, file: CachedFile) -> Inode:
-        """Place a recovered file at its path, creating directories only known locally."""
-        *dirs, name = path.split("/")
-        parent = self.inodes[ROOT_INO]
-        for part in dirs:
-            child = self.child(parent, part)
-            if child is None or not child.is_dir:
-                child = self.add_listed_dir(parent, part)
-            parent = child
-        existing = self.child(parent, name)
-        if existing is not None:
-            self.detach(existing)
-        return self.add(parent, name, kind_of(file), file=file)
-
-
-def valid_name(name: str) -> bool:
-    """A name POSIX can show, and not lakefs-mount's own folder (attribute indexes: under
-    the mount root, and under the root of any mount of a deeper prefix)."""
-    return bool(name) and name != RESERVED_NAME and "/" not in name \
-        and name not in (".", "..") and "\0" not in name and len(os.fsencode(name)) <= 255

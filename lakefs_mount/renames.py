@@ -12,13 +12,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import trio
+
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat
 from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.inode import Inode
 from lakefs_mount.namelog import MOVE, NameLog, dir_arg
-from lakefs_mount.namespace import Inode, Namespace
+from lakefs_mount.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +68,13 @@ class Renames:
 
     async def move_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         """The whole tree moves in the journal (the move of its objects, and every pending
-        file's key, in one transaction); S3 follows. Its directories are listed first
-        where the mount has not (S3 must answer for those: EIO while it cannot), so that
-        the mount shows the whole tree at its new place until S3 does too, and no name
-        in it is too long for S3 at the new place."""
+        file's key, in one transaction); S3 follows, listing the old prefix anew when it
+        applies the move. Its directories are listed first where the mount has not, so
+        that no name known in it is too long for S3 at the new place; where S3 cannot
+        answer within a lookup's patience (an outage), the rename goes on without: a
+        directory listed later is listed at the old place while the move is pending
+        (Namespace._list), and a key found too long then fails that move's step (logged,
+        retried; documented in docs/semantics.md)."""
         old_prefix = self.ns.key_of(inode)
         new_prefix = self.ns.key_of(dst_parent) + name + "/"
         await self._list_tree(inode)
@@ -96,8 +102,14 @@ class Renames:
         stack = [top]
         while stack:
             node = stack.pop()
-            async with s3_errors(f"listing {self.ns.key_of(node)}"):
-                await self.ns.ensure_listed(node)
+            with trio.move_on_after(self.ns.patience(True)) as waited:
+                async with s3_errors(f"listing {self.ns.key_of(node)}"):
+                    await self.ns.ensure_listed(node, lenient=True)
+            if waited.cancelled_caught:  # (its listing goes on, and lands when S3 answers)
+                self.ns.s3_was_slow()
+                log.warning("renaming %s without the names S3 has below it: S3 did not list "
+                            "it in time (the move lists them when S3 answers)",
+                            self.ns.key_of(node))
             stack.extend(child for name in list(node.children)
                          if (child := self.ns.child(node, name)) is not None and child.is_dir)
 

@@ -1,0 +1,268 @@
+"""Directories and names of files: mkdir, rmdir, readdir, unlink, symlink, mknod, rename.
+
+Each change is journaled at once and written back to S3 in the background (namelog,
+renames); none waits for S3 where the mount knows the answer (issue 30).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+import time
+from collections.abc import Iterator
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.fserrors import FSError, s3_errors
+from lakefs_mount.fsinodes import RENAME_NOREPLACE, Attr, InodeOps
+from lakefs_mount.inode import ROOT_INO, Inode, Kind, kind_of
+from lakefs_mount.namelog import DELETE, RMDIR
+from lakefs_mount.s3.layout import SPECIAL_TYPES
+
+log = logging.getLogger(__name__)
+
+
+class NameOps(InodeOps):
+    # -- directories ------------------------------------------------------------------
+
+    async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
+        parent = await self._new_name(parent_ino, name, is_dir=True)
+        now = time.time_ns()
+        inode = self.ns.add(parent, name, Kind.DIR, dir_mode=stat.S_IFDIR | (mode & 0o7777),
+                            dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
+        inode.listed_at = time.monotonic()  # a new directory is known to be empty
+        try:
+            await self._save_dir_attrs(inode, replace=False)
+        except FSError:
+            self.ns.detach(inode)
+            raise
+        parent.dir_mtime_ns = now
+        inode.lookups += 1
+        return self.attr(inode)
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        self._writable_fs()
+        parent = self._inode(parent_ino)
+        inode = await self._child(parent, name)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        if not inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        key = self.ns.key_of(inode)
+        await self._remove_empty_dir(inode)
+        self.ns.index_changed(key)  # its index goes too
+        parent.dir_mtime_ns = time.time_ns()
+
+    async def _remove_empty_dir(self, inode: Inode) -> None:
+        """ENOTEMPTY unless S3 and the cache hold nothing below it; then its marker goes
+        (written back). S3 is asked unless the mount made the directory and its marker is
+        not even in S3 yet: another writer may have filled it since the last listing."""
+        key = self.ns.key_of(inode)
+        if not self.names.creating(key):
+            async with s3_errors(f"listing {key}"):
+                await self.ns.ensure_listed(inode, force=True)
+        if inode.children:
+            raise FSError(errno.ENOTEMPTY)
+        await self.names.record(RMDIR, key)
+        self.ns.detach(inode)
+
+    async def opendir(self, ino: int) -> int:
+        inode = self._inode(ino)
+        if not inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        async with s3_errors(f"listing {self.ns.key_of(inode)}"):
+            await self.ns.ensure_listed(inode)
+            await self.ns.ensure_children_headed(inode)
+        fh = self._new_fh()
+        self._dir_handles[fh] = list(inode.children.items())  # a snapshot, listing order
+        return fh
+
+    def readdir(self, fh: int, start: int) -> Iterator[tuple[str, Attr, int]]:
+        """Entries from index `start` on, each with the index to resume after it; lazily,
+        as the kernel's buffer takes a few dozen of them per request (attributes of all
+        the rest on every request made `ls -l` quadratic in the directory's size)."""
+        entries = self._dir_handles.get(fh, [])
+        for i in range(start, len(entries)):
+            name, ino = entries[i]
+            inode = self.ns.inodes.get(ino)
+            if inode is not None:
+                yield name, self.attr(inode), i + 1
+
+    def note_lookup(self, ino: int) -> None:
+        """The kernel took a reference to an inode (readdirplus)."""
+        inode = self.ns.inodes.get(ino)
+        if inode is not None:
+            inode.lookups += 1
+
+    def releasedir(self, fh: int) -> None:
+        self._dir_handles.pop(fh, None)
+
+    # -- names of files ---------------------------------------------------------------
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        self._writable_fs()
+        parent = self._inode(parent_ino)
+        inode = await self._child(parent, name)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        if inode.is_dir:
+            raise FSError(errno.EISDIR)
+        cf = inode.file
+        assert cf is not None
+        if cf.commit_lock.locked() and not cf.openers:
+            await self._unlink_behind_commit(cf)
+        else:
+            async with cf.commit_lock:
+                obj = self.names.object_key(cf.key, cf.base_key)
+                if obj is not None:
+                    kept = None
+                    if cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
+                        kept = trio.Event()
+                        self.ns.start_soon(self._keep_bytes, cf, kept)
+                    # the DELETE and the end of the file's pending state, in one transaction
+                    await self.names.record(DELETE, obj, after=kept,
+                                            drop_fid=cf.fid if cf.in_journal else None)
+                    cf.in_journal = False
+                await self.cache.discard(cf)
+        self.ns.detach(inode)
+        self.ns.index_changed(self.ns.key_of(parent))
+        parent.dir_mtime_ns = time.time_ns()
+        if cf.openers == 0:
+            self.cache.close_file(cf)
+
+    async def _unlink_behind_commit(self, cf: CachedFile) -> None:
+        """A commit of the file is under way, and S3 may keep it for long: the unlink
+        does not wait for it. The DELETEs of its name and of its committed object are
+        applied once that commit has ended (they hold its lock first), so whatever it
+        lands is deleted, and a new file of the name commits after them."""
+        keys = dict.fromkeys(k for k in (cf.key, self.names.object_key(cf.key, cf.base_key))
+                             if k is not None)
+        for i, key in enumerate(keys):
+            await self.names.record(DELETE, key, after=cf.commit_lock,
+                                    drop_fid=cf.fid if cf.in_journal and i == 0 else None)
+        cf.in_journal = False
+        await self.cache.discard(cf)
+
+    async def _keep_bytes(self, cf: CachedFile, kept: trio.Event) -> None:
+        """An open file lost its name: its bytes come to the cache in the background
+        (reading them first made the unlink wait for S3, for ever in a black hole), and
+        its object's DELETE waits for them (`kept`), so the open descriptors read every
+        byte. Once the last one is closed, what is left is not fetched. If S3 never
+        gives them (the object deleted elsewhere), the DELETE goes on and a read of a
+        byte not cached fails with EIO."""
+        parts = self.cache.parts
+        try:
+            for idx in range(parts.chunk_count(cf.size)):
+                if cf.openers == 0:
+                    break
+                await self.cache.read(cf, parts.chunk_range(idx)[0], 1)
+        except Exception as exc:  # (a background task: the daemon must not end with it)
+            log.warning("%s: unlinked while open, not all of it read before its DELETE: %s",
+                        cf.key, exc)
+        finally:
+            kept.set()
+
+    async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
+        parent = await self._new_name(parent_ino, name)
+        key = self.ns.key_of(parent) + name
+        cf = CachedFile(key=key, size=0, mode=stat.S_IFLNK | 0o777, uid=uid, gid=gid,
+                        mtime_ns=time.time_ns(), symlink=target)
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
+        inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
+        self.flusher.request_commit(cf, settle=True)
+        return self.attr(inode)
+
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
+                    gid: int) -> Attr:
+        """A FIFO, device, UNIX socket (or empty regular file): a zero-byte object whose
+        mode carries the type (and metadata the device number). The kernel serves FIFOs,
+        sockets and devices itself; their content never reaches the daemon."""
+        file_type = stat.S_IFMT(mode) or stat.S_IFREG
+        if file_type not in SPECIAL_TYPES | {stat.S_IFREG}:
+            raise FSError(errno.EPERM, f"mknod of file type {file_type:o}")
+        parent = await self._new_name(parent_ino, name)
+        device = file_type in (stat.S_IFCHR, stat.S_IFBLK)
+        cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
+                        mode=file_type | (mode & 0o7777), uid=uid, gid=gid,
+                        mtime_ns=time.time_ns(), rdev=rdev if device else 0)
+        await self.cache.new_file(cf)
+        inode = self.ns.add(parent, name, kind_of(cf), file=cf)
+        inode.lookups += 1
+        parent.dir_mtime_ns = cf.mtime_ns
+        self.flusher.request_commit(cf, settle=True)
+        return self.attr(inode)
+
+    async def readlink(self, ino: int) -> str:
+        inode = self._inode(ino)
+        await self.getattr(ino)
+        cf = inode.file
+        if inode.kind is not Kind.SYMLINK or cf is None:
+            raise FSError(errno.EINVAL)
+        if cf.symlink is None:
+            assert cf.base_key is not None
+            async with s3_errors(f"GET {cf.base_key}"):
+                body = await self.store.get_range(cf.base_key, 0, max(cf.base_size, 1))
+            cf.symlink = body.decode(errors="surrogateescape")
+        return cf.symlink
+
+    async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,
+                     flags: int) -> None:
+        self._writable_fs()
+        if flags & ~RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: no atomic way in S3
+            raise FSError(errno.EINVAL, "only RENAME_NOREPLACE is supported")
+        src_parent, dst_parent = self._inode(parent_old), self._inode(parent_new)
+        inode = await self._child(src_parent, name_old)
+        if inode is None:
+            raise FSError(errno.ENOENT)
+        self._check_new_name(dst_parent, name_new, inode.is_dir, invalid=errno.EINVAL)
+        if inode.is_dir and self._is_within(dst_parent, inode):
+            raise FSError(errno.EINVAL)  # a directory cannot move into itself
+        target = await self._child(dst_parent, name_new)
+        if target is inode:
+            return
+        if target is not None:
+            if flags & RENAME_NOREPLACE:
+                raise FSError(errno.EEXIST)
+            await self._drop_rename_target(inode, target)
+        moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
+        old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
+        if inode.is_dir:
+            await self.renames.move_dir(inode, dst_parent, name_new)
+        else:
+            await self.renames.move_file(inode, dst_parent, name_new)
+        for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
+            self.ns.index_changed(key)
+        now = time.time_ns()
+        src_parent.dir_mtime_ns = dst_parent.dir_mtime_ns = now
+
+    def _is_within(self, node: Inode, ancestor: Inode) -> bool:
+        while True:
+            if node.ino == ancestor.ino:
+                return True
+            if node.ino == ROOT_INO:
+                return False
+            node = self.ns.get(node.parent)
+
+    async def _drop_rename_target(self, inode: Inode, target: Inode) -> None:
+        """Rename onto an existing name: the source's commit overwrites the target object."""
+        if target.is_dir:
+            if not inode.is_dir:
+                raise FSError(errno.EISDIR)
+            await self._remove_empty_dir(target)
+            return
+        if inode.is_dir:
+            raise FSError(errno.ENOTDIR)
+        cf = target.file
+        assert cf is not None
+        async with cf.commit_lock:
+            await self.cache.discard(cf)
+        if cf.openers == 0:
+            self.cache.close_file(cf)
+        self.ns.detach(target)
+
+    async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
+        raise FSError(errno.EPERM, "hard links are not supported")

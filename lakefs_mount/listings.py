@@ -1,0 +1,298 @@
+"""S3 listings merged into the tree, at most once per metadata TTL, and how long a lookup
+waits for them: a directory's listing comes from S3 merged with what exists only in the
+cache (files not yet committed) and what pending namespace changes make or remove.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
+from lakefs_mount.invalidations import Invalidations
+from lakefs_mount.namelog import NameLog
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
+from lakefs_mount.tree import Tree
+
+log = logging.getLogger(__name__)
+
+# How long a lookup in a directory listed before waits for S3 to list it again before the
+# last listing answers (the listing goes on, and lands when S3 answers): S3 lists a
+# directory in milliseconds when it is well; a stuck connection may take minutes. The wait
+# is PATIENCE_FACTOR times the slowest of S3's recent listings, within these bounds.
+LIST_PATIENCE = 2.0
+PATIENCE_FLOOR = 0.25
+PATIENCE_FACTOR = 4.0
+RECENT_LISTINGS = 16
+SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for this long
+
+
+@dataclass(eq=False)
+class ListingUnderWay:
+    """A listing of one directory under way (waiters share it)."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    started: float = field(default_factory=trio.current_time)
+    error: ObjectStoreError | None = None
+
+
+class Listed(Tree):
+    def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
+                 owner: tuple[int, int], names: NameLog | None,
+                 kernel: Invalidations | None) -> None:
+        super().__init__(prefix, owner)
+        self.store = store
+        # Namespace changes not yet in S3: a listing shows what they make and hides what
+        # they remove, as the bucket will once they are applied.
+        self.names = names
+        # What the kernel caches of names and files found changed in S3 (the session sends)
+        self.kernel = kernel if kernel is not None else Invalidations()
+        # The cache learns of files seen in S3 (a previous mount may hold them: adopt_warm),
+        # of bases moving to a new version (their cached chunks are void: invalidate), and
+        # GETs small objects whole at lookup (fetch_small_object).
+        self.cache = cache
+        self.ttl = ttl
+        self._listings: dict[int, ListingUnderWay] = {}  # directories being listed right now
+        self._nursery: trio.Nursery | None = None  # where listings run (run())
+        self._slow_until = 0.0  # monotonic time until which S3 counts as slow
+        self._list_seconds: deque[float] = deque(maxlen=RECENT_LISTINGS)  # S3's recent ones
+
+    # -- S3 listings ----------------------------------------------------------------
+
+    def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
+        uid, gid = self.owner
+        cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
+                        mtime_ns=int(obj.mtime * 1e9), base_key=obj.key, base_size=obj.size,
+                        base_etag=obj.etag, validated_at=time.monotonic())
+        self.cache.adopt_warm(cf)
+        return cf
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Where listings run: in tasks of their own, so that a lookup can stop waiting
+        for a slow S3 while the listing goes on and lands later."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._first_listing, self._start_listing(self.inodes[ROOT_INO]))
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _first_listing(self, listing: ListingUnderWay) -> None:
+        """The root is listed at mount, while S3 answers: a lookup there during an outage
+        answers from that listing after a moment instead of waiting for S3 (30 s for a
+        directory never listed). It counts as expired at once: a name another node makes
+        meanwhile shows at the next lookup, as without it."""
+        await listing.done.wait()
+        if listing.error is None:
+            self.inodes[ROOT_INO].listed_at -= self.ttl
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run `fn` in a task that outlives the request which starts it."""
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(fn, *args)
+
+    def s3_slow(self) -> bool:
+        """S3 failed or kept a listing waiting a moment ago: names and attributes the
+        mount knows answer at once instead of waiting for it again."""
+        return time.monotonic() < self._slow_until
+
+    def s3_was_slow(self) -> None:
+        self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
+
+    def patience(self, listed_before: bool) -> float:
+        """Seconds a lookup waits for a listing before the mount's own knowledge answers:
+        none while S3 is known to be slow; for a directory listed before, a few times
+        what S3 took to list lately (a black hole shows within a fraction of a second);
+        for one never listed, as long as its listing takes (bounded by its requests'): a
+        healthy S3 may take seconds to list a huge directory, and no name in it is known
+        before (the root is listed at mount, so an outage shows in a listed one first)."""
+        if self.s3_slow():
+            return 0.0
+        if not listed_before:
+            return math.inf
+        if not self._list_seconds:
+            return LIST_PATIENCE
+        return min(LIST_PATIENCE, max(PATIENCE_FLOOR, PATIENCE_FACTOR * max(self._list_seconds)))
+
+    async def ensure_listed(self, dir_inode: Inode, force: bool = False,
+                            lenient: bool = False) -> None:
+        """Merge the S3 listing of a directory into its children, at most once per TTL.
+
+        A directory listed before waits a moment for S3 (patience; none while S3 is
+        slow): then its last listing answers, and the listing lands when S3 does. One
+        never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
+        name, which a create needs to go on): then what the mount knows of it answers
+        once the listing failed, or at once while S3 is known to be slow (the listing
+        lands when S3 answers), S3 is asked again after the TTL, and the log says so
+        once per directory.
+
+        Lookups that find the directory being listed wait for that listing and take its
+        outcome instead of sending their own (8 readers opening files of a new directory
+        sent 8 listings); a forced listing must start after the call, so it waits its turn.
+        """
+        if not force and dir_inode.listed_at and (
+                time.monotonic() - dir_inode.listed_at < self.ttl
+                or self._pending(self.key_of(dir_inode))):
+            return  # (S3 has not even its marker yet: it holds nothing the mount lacks)
+        if lenient and time.monotonic() - dir_inode.unlistable_at < self.ttl:
+            return
+        running = self._listings.get(dir_inode.ino)
+        if running is not None and force:
+            await self._await_listing(dir_inode, running, lenient)
+            if self._listings.get(dir_inode.ino) is not None:
+                return  # S3 is slow: the last listing answers
+            running = None
+        if running is None:
+            running = self._start_listing(dir_inode)
+        await self._await_listing(dir_inode, running, lenient)
+
+    def _start_listing(self, dir_inode: Inode) -> ListingUnderWay:
+        listing = ListingUnderWay()
+        self._listings[dir_inode.ino] = listing
+
+        async def list_it() -> None:
+            try:
+                await self._list(dir_inode)
+            except ObjectStoreError as exc:  # (a directory listed before serves its last)
+                listing.error = exc
+            finally:
+                del self._listings[dir_inode.ino]
+                listing.done.set()
+
+        assert self._nursery is not None, "Namespace.run is not running"
+        self._nursery.start_soon(list_it)
+        return listing
+
+    async def _await_listing(self, dir_inode: Inode, listing: ListingUnderWay,
+                             lenient: bool) -> None:
+        if dir_inode.listed_at or lenient:  # S3 gets a moment, not more
+            patience = self.patience(bool(dir_inode.listed_at))
+            with trio.move_on_at(listing.started + patience if patience else -math.inf):
+                await listing.done.wait()
+            if not listing.done.is_set():
+                self.s3_was_slow()
+                if not dir_inode.unlistable_at:
+                    log.warning("S3 has not listed %s in %.2f s; %s", self.key_of(dir_inode),
+                                trio.current_time() - listing.started,
+                                "serving the last listing" if dir_inode.listed_at else
+                                "names in it are looked up among what this mount knows")
+                dir_inode.unlistable_at = time.monotonic()
+                return
+        else:
+            await listing.done.wait()
+        if listing.error is None:
+            return
+        if not lenient:
+            raise listing.error
+        if not dir_inode.unlistable_at:
+            log.warning("listing %s failed (%s): names in it are looked up among what "
+                        "this mount knows until S3 answers", self.key_of(dir_inode),
+                        listing.error)
+        dir_inode.unlistable_at = time.monotonic()
+
+    async def _list(self, dir_inode: Inode) -> None:
+        prefix = self.key_of(dir_inode)
+        # (a directory renamed here whose objects S3 has not moved yet is listed where
+        # they are; its files read from there until the move's copies land: rebase)
+        listed = (self.names.moved_from(prefix) if self.names is not None else None) or prefix
+        try:
+            # What was local when the listing started stays, even if its commit lands while
+            # the listing is under way (the listing may predate the object).
+            local_at_start = {name for name, ino in dir_inode.children.items()
+                              if self._has_local_state(self.inodes[ino])}
+            started = time.monotonic()
+            listing = await self.store.list_dir(listed)
+            self._list_seconds.append(time.monotonic() - started)
+            prefix = self.key_of(dir_inode)  # (renamed while S3 listed it: its new place)
+        except ObjectStoreError as exc:
+            if not dir_inode.listed_at:
+                raise
+            # S3 is unavailable: the last listing plus the cache keep the mount usable,
+            # for another TTL before S3 is asked again; said once until S3 lists it again.
+            if not dir_inode.unlistable_at:
+                log.warning("listing %s failed (%s); serving the last listing", prefix, exc)
+            dir_inode.unlistable_at = dir_inode.listed_at = time.monotonic()
+            self.s3_was_slow()
+            return
+        dir_inode.unlistable_at = 0.0
+        self._slow_until = 0.0
+        seen: set[str] = set()
+        for sub in listing.prefixes:
+            name = sub[len(listed):].rstrip("/")
+            if not valid_name(name):
+                continue
+            seen.add(name)
+            if self.child(dir_inode, name) is None and not self._removed(prefix + name + "/"):
+                self.add_listed_dir(dir_inode, name)
+        for obj in listing.objects:
+            name = obj.key[len(listed):]
+            if not valid_name(name):
+                continue  # the directory's own marker, or a name POSIX cannot show
+            seen.add(name)
+            existing = self.child(dir_inode, name)
+            if existing is None and self._removed(prefix + name):
+                continue  # unlinked or renamed here; S3 does not know yet
+            if existing is None:
+                cf = self.new_remote_file(prefix + name, obj)
+                inode = self.add(dir_inode, name, Kind.FILE, file=cf)
+                inode.headed = False
+            elif existing.file is not None:
+                self._refresh_file(existing, obj, started)
+        for key in self.names.dirs_made_in(prefix) if self.names is not None else ():
+            name = key[len(prefix):-1]  # (made before a crash: the journal knows it)
+            if valid_name(name) and self.child(dir_inode, name) is None:
+                self.add_listed_dir(dir_inode, name)
+        for name, ino in list(dir_inode.children.items()):
+            if (name not in seen and name not in local_at_start
+                    and not self._has_local_state(self.inodes[ino])):
+                self.detach(self.inodes[ino])
+                self.kernel.entry(dir_inode.ino, name)
+        dir_inode.listed_at = time.monotonic()
+
+    def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
+        """A listing saw the object: unchanged, that validates it for close-to-open (no
+        HEAD at the next open: one LIST stands for a HEAD of every file in it); changed in
+        S3 (written elsewhere), what we cached of it is dropped."""
+        cf = inode.file
+        assert cf is not None
+        if cf.base_etag == obj.etag:
+            if cf.base_key == obj.key:
+                cf.validated_at = max(cf.validated_at, listed_at)
+            return
+        if cf.pending or cf.openers:
+            return
+        self.cache.invalidate(cf)
+        cf.size = cf.base_size = obj.size
+        cf.base_etag = obj.etag
+        cf.base_key = obj.key
+        cf.validated_at = time.monotonic()
+        cf.mtime_ns = int(obj.mtime * 1e9)
+        cf.s3_meta = None
+        inode.headed = False
+        self.kernel.inode(inode.ino)
+
+    def _pending(self, key: str) -> bool:
+        return self.names is not None and self.names.creating(key)
+
+    def _removed(self, key: str) -> bool:
+        return self.names is not None and self.names.removing(key)
+
+    def _has_local_state(self, inode: Inode) -> bool:
+        """True if the entry exists only here so far (pending content, a fresh dir, a
+        name a pending namespace change makes)."""
+        if self._pending(self.key_of(inode)):
+            return True
+        if inode.file is not None:
+            return inode.file.pending or inode.file.openers > 0
+        if inode.is_dir and inode.listed_at and time.monotonic() - inode.listed_at < self.ttl:
+            return True
+        return any(self._has_local_state(d) for d in self.descendants(inode))

@@ -1,0 +1,122 @@
+"""A training loop's namespace in a black-holed S3 (issue 30, what the first pass left):
+the first step after S3 goes quiet runs at local speed, also when the mount never listed
+the directories it writes in; a directory rename, an unlink of an open file and a kill -9
+during the black hole lose nothing and wait for nothing. A real mount, SeaweedFS and the
+fault proxy (`hang`: connections accepted, never answered)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from test_t4_namespace_writeback import bucket_tree, save_checkpoint, tree
+
+
+def training_steps(run, steps) -> list[float]:
+    """Seconds each step of a training-like loop took (makedirs, save, rename, delete)."""
+    seconds = []
+    for step in steps:
+        started = time.monotonic()
+        os.makedirs(run / f"logs/step_{step}", exist_ok=True)
+        save_checkpoint(run / f"tmp-{step}", step)
+        os.rename(run / f"tmp-{step}", run / f"checkpoint-{step}")
+        if (run / f"checkpoint-{step - 2}").exists():
+            shutil.rmtree(run / f"checkpoint-{step - 2}")
+        seconds.append(time.monotonic() - started)
+    return seconds
+
+
+def test_the_first_step_in_a_black_hole_runs_at_local_speed(mount_factory, s3, fault_proxy):
+    """Names in directories listed before the TTL ran out: the lookup that finds S3 quiet
+    waits a moment measured from S3's own listing times, not 2 s."""
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    run = m.path / "run"
+    healthy = training_steps(run, [0, 1])
+    assert m.flush().returncode == 0
+    time.sleep(1.2)  # past the TTL: the step looks its names up in S3 again
+    fault_proxy.hang = True
+    try:
+        quiet = training_steps(run, [2, 3])
+    finally:
+        fault_proxy.hang = False
+    print("seconds per step, healthy:", healthy, "black hole:", quiet)
+    assert quiet[0] < 1.0, (quiet, m.log_tail(80))
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(run).items()}
+
+
+def test_a_first_step_in_directories_never_listed_does_not_wait_for_s3(
+        mount_factory, s3, fault_proxy):
+    """A mount whose user never listed its root (nor the run directory a job resumes in)
+    when S3 goes quiet: the first step waited 31 s (the attributes of `run/`, a listing of
+    3 attempts of 10 s, then its listing). The root's listing at mount shows the outage in
+    a moment; `run/`'s attributes and listing land later, and the names the loop makes
+    replace any remote ones."""
+    s3.put("run/checkpoint-0/meta.json", b"old", {})
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.hang = True
+    try:
+        quiet = training_steps(m.path / "run", [2, 3])
+    finally:
+        fault_proxy.hang = False
+    print("seconds per step in a black hole, nothing listed before:", quiet)
+    assert quiet[0] < 1.0, (quiet, m.log_tail(80))
+    assert quiet[1] < 1.0, (quiet, m.log_tail(80))
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(m.path / "run").items()}
+
+
+def test_unlink_of_an_open_file_not_cached_returns_at_once_and_the_descriptor_reads_it(
+        mount_factory, s3, fault_proxy):
+    """The unlink used to read the whole object first (so that the open descriptor could
+    still read it): in a black hole it waited for S3. Now the object stays in S3 until
+    the descriptor's bytes are in the cache, and its DELETE goes after."""
+    data = os.urandom(40 * 1024 * 1024)
+    s3.put("shard.bin", data, {})
+    m = mount_factory("--read-ahead", "0", "--part-size", "8M",
+                      endpoint_url=fault_proxy.endpoint_url)
+    with open(m.path / "shard.bin", "rb") as f:
+        assert f.read(4096) == data[:4096]  # one 8 MiB chunk cached, 4 only in S3
+        fault_proxy.hang = True
+        try:
+            started = time.monotonic()
+            os.unlink(m.path / "shard.bin")
+            took = time.monotonic() - started
+            assert not (m.path / "shard.bin").exists()
+            time.sleep(10)  # a black hole of 10 s
+        finally:
+            fault_proxy.hang = False
+        assert took < 1.0, (took, m.log_tail())
+        assert f.read() == data[4096:]  # POSIX: the open descriptor reads every byte
+    assert m.flush().returncode == 0, m.log_tail()
+    assert s3.head("shard.bin") is None
+    assert "shard.bin" not in os.listdir(m.path)
+
+
+def test_renaming_a_directory_never_listed_in_a_black_hole_is_written_back_later(
+        mount_factory, s3, fault_proxy):
+    """The rename needed the names below it and failed with EIO after 30 s; now the move
+    of the prefix is journaled at once and S3 lists the tree when it applies it. In the
+    meantime the mount lists the moved directories where S3 still has them."""
+    bodies = {"ckpt/shards/a.bin": os.urandom(1000), "ckpt/shards/deep/b.bin": b"b",
+              "ckpt/meta.json": b"{}"}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    assert "ckpt" in os.listdir(m.path)  # known by name; nothing below it listed yet
+    fault_proxy.hang = True
+    try:
+        started = time.monotonic()
+        os.rename(m.path / "ckpt", m.path / "ckpt-final")
+        took = time.monotonic() - started
+        (m.path / "ckpt-final" / "new.txt").write_bytes(b"new")
+    finally:
+        fault_proxy.hang = False
+    assert took < 6.0, (took, m.log_tail())
+    want = {k.replace("ckpt/", "ckpt-final/", 1): v for k, v in bodies.items()}
+    want["ckpt-final/new.txt"] = b"new"
+    assert {"ckpt-final/" + k: v for k, v in tree(m.path / "ckpt-final").items()} == want
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == want
+    assert not (m.path / "ckpt").exists()
