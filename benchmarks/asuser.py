@@ -22,14 +22,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import lakefs_mount
 from lakefs_mount.mountpoint import is_mounted
 
 FUSE_DEVICE = Path("/dev/fuse")
 ACL_XATTR = "system.posix_acl_access"
 # The CLI as the user runs it: this interpreter's packages (the user may not reach the
 # virtual environment's own interpreter: pyenv's lives under root's private home).
-BOOT = ("import site, sys; site.addsitedir({site!r}); sys.argv[0] = 'lakefs-mount'; "
-        "from lakefs_mount.cli import main; sys.exit(main())")
+# The package itself is a copy in the user's folder: the checkout may lie where only root
+# can read it (under /root, for one), and an editable install points there.
+BOOT = ("import site, sys; site.addsitedir({site!r}); sys.path.insert(0, {lib!r}); "
+        "sys.argv[0] = 'lakefs-mount'; from lakefs_mount.cli import main; sys.exit(main())")
 
 
 @dataclass
@@ -47,6 +50,11 @@ class User:
     @property
     def mnt(self) -> Path:
         return self.root / "mnt"
+
+    @property
+    def lib(self) -> Path:
+        """Holds the copy of the lakefs_mount package that the user's CLI runs."""
+        return self.root / "lib"
 
     def env(self) -> dict[str, str]:
         aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
@@ -70,7 +78,7 @@ class User:
 
     def cli_argv(self, *args: str) -> list[str]:
         site = sysconfig.get_paths()["purelib"]
-        return [self.python, "-c", BOOT.format(site=site), *args]
+        return [self.python, "-c", BOOT.format(site=site, lib=str(self.lib)), *args]
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return self.run(self.cli_argv(*args), timeout=timeout)
@@ -159,6 +167,8 @@ def throwaway_user() -> Iterator[User]:
         for path, mode in ((user.home, 0o700), (user.home / "run", 0o700), (user.mnt, 0o755)):
             path.mkdir(mode=mode)
             os.chown(path, user.uid, user.gid)
+        shutil.copytree(Path(lakefs_mount.__file__).parent, user.lib / "lakefs_mount",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         user.python = _reachable_python(user)
         yield user
     finally:
