@@ -8,7 +8,6 @@ S3 from this process, with the same options as `mount`.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import click
 
 from lakefs_mount import control
 from lakefs_mount.cli.errors import PROG, CliError
+from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes, parse_source
 from lakefs_mount.control import ControlError, ControlTimeout
@@ -38,9 +38,8 @@ each), or S3 failed; 2 bad arguments; 3 no manifest (never committed, or not yet
 
 def _in_mount(mountpoint: Path, path: str) -> tuple[Path, str]:
     """The mount point (absolute) and PATH relative to its root ("" for the root)."""
-    main = importlib.import_module("lakefs_mount.cli.main")  # (it registers these commands)
-    mp = main._abs(mountpoint)
-    return mp, main._relative_in_mount(mp, path) or ""
+    mp = abs_path(mountpoint)
+    return mp, relative_in_mount(mp, path) or ""
 
 
 @click.command(epilog=COMMIT_EPILOG)

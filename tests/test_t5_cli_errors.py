@@ -20,8 +20,9 @@ from mounting import CLI
 from test_t2_mountpoint import needs_fuse, needs_root, stale_fuse  # noqa: F401 (fixture)
 
 from lakefs_mount import logsetup
-from lakefs_mount.cli.main import cli, format_status
+from lakefs_mount.cli.main import cli
 from lakefs_mount.cli.progress import describe_progress
+from lakefs_mount.cli.status import format_status
 from lakefs_mount.logsetup import RedactingFilter, redact, register_secret, setup_logging
 from lakefs_mount.mountpoint import is_mounted
 

@@ -10,7 +10,7 @@ import re
 
 from terminal import run_on_terminal
 
-from lakefs_mount.cli.main import format_status
+from lakefs_mount.cli.status import format_status
 from lakefs_mount.cli.watch import CLEAR, Rates, rates, render, watch_status
 
 MiB = 1024 * 1024

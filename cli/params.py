@@ -1,0 +1,54 @@
+"""What the commands' arguments mean: sizes (512M, 64G) and paths, absolute or inside a
+mount."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lakefs_mount.config import parse_size
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError:
+            self.fail(f"not a size: {value!r} (use e.g. 512M, 64G)", param, ctx)
+
+
+SIZE = SizeType()
+
+
+def abs_path(path: Path | str) -> Path:
+    """Absolute path without resolving the last component (it may be a dead mount)."""
+    return Path(os.path.abspath(path))
+
+
+def is_relative_to(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def relative_in_mount(mountpoint: Path, path: str | None,
+                      param_hint: str = "PATH") -> str | None:
+    """PATH (absolute inside the mount, or relative to its root) -> key-relative path."""
+    if path is None:
+        return None
+    candidate = Path(os.path.normpath(mountpoint / path))  # absolute `path` wins in `/`
+    if not is_relative_to(candidate, mountpoint):
+        real_mp = Path(os.path.realpath(mountpoint))
+        candidate = Path(os.path.realpath(candidate))
+        if not is_relative_to(candidate, real_mp):
+            raise click.BadParameter(f"{path} is outside the mount {mountpoint}",
+                                     param_hint=param_hint)
+        mountpoint = real_mp
+    rel = candidate.relative_to(mountpoint).as_posix()
+    return None if rel in ("", ".") else rel

@@ -1,0 +1,109 @@
+"""`lakefs-mount status`: the daemon's status as a table (or JSON), once or --watch; secrets
+never shown."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lakefs_mount import control
+from lakefs_mount.cli.params import abs_path
+from lakefs_mount.config import human_bytes
+from lakefs_mount.s3.stats import WAITING_AFTER
+
+_SECRET_WORDS = ("secret", "password", "token", "credential", "access_key")
+
+STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("mountpoint", "mount point", str),
+    ("source", "source", str),
+    ("bucket", "bucket", str),
+    ("prefix", "prefix", lambda v: v or "(whole bucket)"),
+    ("endpoint", "endpoint", str),
+    ("pid", "daemon pid", str),
+    ("io_engine", "io engine", str),
+    ("fuse_session", "FUSE session", str),
+    ("passthrough", "passthrough", str),
+    ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
+    ("dirty_bytes", "dirty (not in S3)", human_bytes),
+    ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),
+    ("max_dirty", "max dirty", human_bytes),
+    ("files_pending", "files pending", str),
+    ("uploads_in_flight", "uploads in flight", str),
+    ("bytes_uploaded", "bytes uploaded", human_bytes),
+    ("upload_rate", "upload rate", str),  # these three: status --watch
+    ("download_rate", "download rate", str),
+    ("time_to_clean", "time to clean", str),
+    ("retries", "retries", str),
+    ("errors", "errors", str),
+    ("last_error", "last error", str),
+    ("s3_in_flight", "S3 requests under way", str),
+    ("s3_waiting", "S3 requests waiting",
+     lambda n: f"{n} (under way for over {WAITING_AFTER:g} s)" if n else "0"),
+    ("s3_oldest_request", "oldest S3 request", lambda r: " ".join(
+        filter(None, (r["operation"], r["key"], f"for {r['age_s']:g} s")))),
+    ("s3_oldest_request_s", "", str),  # (its age again, as one number for /metrics)
+    ("last_s3_error_at", "last S3 error at",
+     lambda ts: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))),
+    ("s3_requests", "S3 requests", lambda ops: ", ".join(
+        f"{op} {s['count']}" + (f" ({s['failures']} failed)" if s["failures"] else "")
+        for op, s in ops.items()) or "none"),
+    ("cache_used", "cache used", human_bytes),
+    ("orphans", "orphaned cache files",
+     lambda v: f"{human_bytes(v)} (see: lakefs-mount orphans list)"),
+    ("cache_size", "cache size", human_bytes),
+    ("cache_dir", "cache dir", str),
+]
+
+
+def format_status(status: dict) -> str:
+    """A two-column table of the status dict; unknown keys follow, secrets never."""
+    rows = []
+    known = set()
+    for key, label, fmt in STATUS_ROWS:
+        known.add(key)
+        if label and key in status and status[key] is not None:
+            rows.append((label, fmt(status[key])))
+    for key in sorted(status):
+        if key in known or any(w in key.lower() for w in _SECRET_WORDS):
+            continue
+        value = status[key]
+        text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        rows.append((key.replace("_", " "), text))
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+@click.command()
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              metavar="SECONDS")
+@click.option("--watch", is_flag=True, help="Show it again every --interval, with upload "
+              "and download rates and the time to clean, until interrupted.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              metavar="SECONDS", help="Seconds between samples of --watch.")
+def status(mountpoint: Path, as_json: bool, timeout: float, watch: bool,
+           interval: float) -> None:
+    """Show dirty data, uploads, errors and cache use of a mount."""
+    def fetch() -> dict:
+        result = control.call(abs_path(mountpoint), {"op": "status"}, timeout=timeout)
+        return {k: v for k, v in result.items()
+                if not any(w in k.lower() for w in _SECRET_WORDS)}
+
+    if watch:
+        from lakefs_mount.cli.watch import watch_status
+
+        try:
+            watch_status(fetch, interval, as_json, format_status)
+        except KeyboardInterrupt:
+            return
+    result = fetch()
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(format_status(result))
