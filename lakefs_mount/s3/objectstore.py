@@ -1,6 +1,7 @@
 """The narrow object-store interface: everything lakefs-mount asks of S3.
 
-`lakefs_mount.s3.store` implements it with boto3 (the only module that knows boto3);
+`lakefs_mount.s3.store` implements it with boto3 (with `lean` and `failures`, the only
+modules that know boto3);
 `tests/memstore.py` implements it in memory for fast unit tests of the core.
 Methods are synchronous: the daemon calls them from worker threads behind a limiter.
 Keys are full keys inside the bucket (the mount prefix already applied).
