@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.fdtable import FdTable
-from lakefs_mount.cache.journal import AsyncJournal
 
 log = logging.getLogger(__name__)
 

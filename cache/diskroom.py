@@ -18,10 +18,10 @@ from pathlib import Path
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.demand import UploadDemand
 from lakefs_mount.cache.eviction import Evictor
-from lakefs_mount.cache.journal import AsyncJournal
 
 log = logging.getLogger(__name__)
 

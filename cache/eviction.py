@@ -12,10 +12,10 @@ import logging
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
-from lakefs_mount.cache.journal import AsyncJournal
 from lakefs_mount.uring import FALLOC_PUNCH_HOLE, IoEngine
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from typing import TypeVar
 import outcome
 import trio
 
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
 from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.direct import BUFFER_SIZE, write_back
 from lakefs_mount.cache.diskroom import DiskRoom
-from lakefs_mount.cache.journal import AsyncJournal
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import ObjectInfo
 from lakefs_mount.uring import write_on_this_thread

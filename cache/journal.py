@@ -1,47 +1,8 @@
 """The SQLite journal (WAL): what must still reach S3, written before data is acknowledged.
 
-Schema and sentinels (see docs/durability.md for the crash table):
-
-files      one row per file whose content or attributes are not yet committed in S3.
-  fid          stable id; the cache file is `<cache_dir>/data/<fid>`
-  key          S3 key the file commits to (a rename updates it)
-  size         logical file size
-  mode/uid/gid/mtime_ns  attributes to write as object metadata
-  base_key     object that unchanged chunks are copied from server-side;
-               NULL = the file has no committed predecessor (every byte is in the cache)
-  base_size    size of base_key's object; ignored when base_key IS NULL
-  upload_id    open multipart upload; NULL = none started
-  upload_key   key that upload_id was created for; differs from key after a rename
-  symlink      NULL = regular file; else the link target (body of the object)
-  intent_gen   (v3) bumped by every intent (put_file, mark_dirty); a commit drops the row
-               only if no intent came after the one it started from
-  passthrough  (v4) 1 = the kernel may be writing the cache file directly (FUSE
-               passthrough), so any byte of it may be dirty whatever `chunks` says;
-               set before such an open is answered, cleared with the chunk rows that
-               bring `chunks` in line with the cache file. A commit keeps a row while set.
-  rdev         (v5) device number of a character or block device (mode says which);
-               0 for every other file
-chunks     one row per chunk that is not clean.
-  state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
-  state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
-uploads    every multipart upload this journal created and has not yet completed or
-           aborted; one that no files row references is an orphan and is aborted at mount.
-           upload_id LIKE 'intent:%' = CreateMultipartUpload was about to be sent for key:
-           after a crash, the mount aborts every open upload of exactly that key that the
-           journal does not reference (the id S3 chose never reached the journal).
-cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
-           lets a remount reuse the warm cache. Ignored for fids that have a files row.
-clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
-name_ops   (v6) namespace changes not yet applied to S3, in the order they were made
-           (`seq`): op 'dir' (PUT the directory marker `key`; arg = its attributes as
-           JSON, with "replace"), 'rmdir' (DELETE the marker `key`), 'delete' (DELETE the
-           object `key`), 'move' (CopyObject `key` -> `dst`, then DELETE `key`; `step` 1 =
-           the copy is done, and files whose base_key was `key` now say `dst`; for keys
-           ending in "/", a directory: every object below `key` moves below `dst`). Written
-           before the change is acknowledged, in the transaction that changes the `files`
-           row it goes with; a row goes once its change is in S3.
-meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
-           dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
+The tables, what each row and sentinel means, and their migrations are in
+`journalschema.py` (see docs/durability.md for the crash table); `asyncjournal.py`
+is the journal from the trio loop.
 
 sqlite-utils' role is the schema: creating tables and adding columns in the migrations,
 WAL mode, and a few reads and updates off the hot path (`pending_files`, `rekey`). Everything a
@@ -52,119 +13,23 @@ per small file (benchmarks/README.md, "Figures behind the design").
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
 import sqlite3
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import sqlite_utils
-import trio
 
+from lakefs_mount.cache.journalschema import (
+    CHUNK_DIRTY,
+    CHUNK_UPLOADED,
+    INTENT,
+    MIGRATIONS,
+    CleanNote,
+    NameOpRow,
+    PendingFile,
+    WarmFile,
+)
 from lakefs_mount.uring import FALLOC_FL_KEEP_SIZE, fallocate_sync
-
-T = TypeVar("T")
-log = logging.getLogger(__name__)
-
-CHUNK_DIRTY = "dirty"
-CHUNK_UPLOADED = "uploaded"
-INTENT = "intent:"  # upload_id prefix of an upload about to be created
-
-
-@dataclass
-class PendingFile:
-    fid: int
-    key: str
-    size: int
-    mode: int
-    uid: int
-    gid: int
-    mtime_ns: int
-    base_key: str | None = None
-    base_size: int = 0
-    upload_id: str | None = None
-    upload_key: str | None = None
-    symlink: str | None = None
-    rdev: int = 0
-    intent_gen: int = 0  # how many intents the daemon had issued for the file
-    passthrough: int = 0  # 1: the kernel may write the cache file directly
-
-
-def _migrate_v1(db: sqlite_utils.Database) -> None:
-    db.table("meta").create({"name": str, "value": str}, pk="name")
-    db.table("files").create(
-        {
-            "fid": int, "key": str, "size": int, "mode": int, "uid": int, "gid": int,
-            "mtime_ns": int, "base_key": str, "base_size": int, "upload_id": str,
-            "upload_key": str, "symlink": str,
-        },
-        pk="fid",
-        not_null={"key", "size", "mode", "uid", "gid", "mtime_ns"},
-        defaults={"base_size": 0},
-    )
-    db.table("chunks").create(
-        {"fid": int, "idx": int, "state": str, "etag": str},
-        pk=("fid", "idx"),
-        not_null={"state"},
-        foreign_keys=[("fid", "files", "fid")],
-    )
-    db.table("uploads").create({"upload_id": str, "key": str}, pk="upload_id")
-
-
-def _migrate_v2(db: sqlite_utils.Database) -> None:
-    db.table("cached_files").create({"fid": int, "key": str, "etag": str, "size": int}, pk="fid",
-                              not_null={"key", "etag", "size"})
-    db.table("clean_chunks").create({"fid": int, "idx": int}, pk=("fid", "idx"))
-
-
-def _migrate_v3(db: sqlite_utils.Database) -> None:
-    db.table("files").add_column("intent_gen", int, not_null_default=0)
-
-
-def _migrate_v4(db: sqlite_utils.Database) -> None:
-    db.table("files").add_column("passthrough", int, not_null_default=0)
-
-
-def _migrate_v5(db: sqlite_utils.Database) -> None:
-    db.table("files").add_column("rdev", int, not_null_default=0)
-
-
-def _migrate_v6(db: sqlite_utils.Database) -> None:
-    db.execute("CREATE TABLE name_ops (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-               " op TEXT NOT NULL, key TEXT NOT NULL, dst TEXT, arg TEXT,"
-               " step INTEGER NOT NULL DEFAULT 0)")
-
-
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6]
-
-
-@dataclass
-class NameOpRow:
-    """One namespace change waiting for S3 (see the `name_ops` table)."""
-
-    seq: int
-    op: str
-    key: str
-    dst: str | None = None
-    arg: str | None = None
-    step: int = 0
-
-
-@dataclass
-class WarmFile:
-    """Clean cached content of one object, as a previous mount left it."""
-
-    fid: int
-    etag: str
-    size: int
-    chunks: list[int]
-
-
-CleanNote = tuple[int, str, str, int, list[int]]  # fid, key, etag, size, chunk indices
 
 
 class JournalDamaged(Exception):
@@ -527,84 +392,3 @@ class Journal:
             self._conn.execute("BEGIN IMMEDIATE")
             self.set_meta("last_sync", "1")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-
-
-@dataclass(eq=False)
-class _Call:
-    fn: Callable[[], Any]
-    taken: bool = False  # by a batch, which runs it whatever happens to its caller
-    value: Any = None
-    error: Exception | None = None
-    finished: trio.Event = field(default_factory=trio.Event)
-
-    def run(self) -> None:
-        try:
-            self.value = self.fn()
-        except Exception as exc:  # handed to the caller on the trio side
-            self.error = exc
-
-
-class AsyncJournal:
-    """The journal from the trio loop: calls run one at a time, in order, in a thread.
-
-    Calls that queue up while one runs go to the thread together, in one hop, each still
-    in its own transaction; with one journal thread, a hop per call made concurrent
-    writers of small files wait for each other's hops (an intent at create, another at
-    the first write). Notes of fetched clean chunks (`note_clean_later`) wait in memory
-    and go in with the next call or `write_notes`, in one transaction: a hop per fetched
-    small file made cold small-file reads queue the same way (151 -> 220 files/s with 8
-    readers). The order of journal changes stays the order of the calls. A crash can
-    lose only such notes, and a chunk the journal does not know is fetched again.
-    """
-
-    def __init__(self, journal: Journal) -> None:
-        self.sync = journal
-        self._lock = trio.Lock()  # fair: batches run in the order their calls came
-        self._queue: list[_Call] = []
-        self._notes: list[CleanNote] = []
-
-    async def __call__(self, fn: Callable[..., T], *args: object) -> T:
-        call = _Call(functools.partial(fn, *args))
-        self._queue.append(call)
-        try:
-            async with self._lock:
-                if not call.taken:
-                    await self._run_queued()
-        except trio.Cancelled:
-            if not call.taken:
-                self._queue.remove(call)
-                raise
-            with trio.CancelScope(shield=True):  # it runs anyway: report how it went
-                await call.finished.wait()
-        if call.error is not None:
-            raise call.error
-        return call.value  # type: ignore[no-any-return]
-
-    async def _run_queued(self) -> None:
-        batch, self._queue = self._queue, []
-        notes, self._notes = self._notes, []
-        for call in batch:
-            call.taken = True
-
-        def run() -> None:
-            try:
-                self.sync.note_clean_many(notes)
-            except sqlite3.Error as exc:  # only warmth is lost: those chunks are refetched
-                log.warning("journal: notes of %d cached chunk(s) not written: %s",
-                            len(notes), exc)
-            for call in batch:
-                call.run()
-
-        try:
-            await trio.to_thread.run_sync(run, abandon_on_cancel=False)
-        finally:
-            for call in batch:
-                call.finished.set()
-
-    def note_clean_later(self, fid: int, key: str, etag: str, size: int,
-                         indices: list[int]) -> None:
-        self._notes.append((fid, key, etag, size, indices))
-
-    async def write_notes(self) -> None:
-        if self._notes:
-            await self(lambda: None)

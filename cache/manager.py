@@ -21,6 +21,7 @@ from pathlib import Path
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
 from lakefs_mount.cache.cachefiles import CacheFiles
@@ -31,7 +32,7 @@ from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.eviction import Evictor
 from lakefs_mount.cache.fdtable import FdTable
 from lakefs_mount.cache.fetcher import Fetcher
-from lakefs_mount.cache.journal import AsyncJournal, CleanNote
+from lakefs_mount.cache.journalschema import CleanNote
 from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.reader import Reader
 from lakefs_mount.cache.warm import WarmCache

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
-from lakefs_mount.cache.journal import CHUNK_UPLOADED, INTENT, PendingFile
+from lakefs_mount.cache.journalschema import CHUNK_UPLOADED, INTENT, PendingFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.s3.objectstore import NoSuchUpload
 

@@ -14,9 +14,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.cache.journal import AsyncJournal, WarmFile
+from lakefs_mount.cache.journalschema import WarmFile
 from lakefs_mount.config import orphans_dir
 from lakefs_mount.s3.layout import PartMap
 

@@ -12,6 +12,7 @@ import os
 
 import trio
 
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import DIRTY_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
@@ -19,7 +20,7 @@ from lakefs_mount.cache.demand import UploadDemand
 from lakefs_mount.cache.direct import BUFFER_SIZE, DIRECT_WRITE_MIN, AlignedBuffers, split_aligned
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.fetcher import Fetcher
-from lakefs_mount.cache.journal import AsyncJournal, PendingFile
+from lakefs_mount.cache.journalschema import PendingFile
 from lakefs_mount.uring import IoEngine
 
 

@@ -23,8 +23,9 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount import sdnotify
 from lakefs_mount.autocommit import RenameCommits
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.flusher import Flusher, FlushFailed
-from lakefs_mount.cache.journal import AsyncJournal, Journal, JournalDamaged
+from lakefs_mount.cache.journal import Journal, JournalDamaged
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import WarmProgress, warm_up

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from lakefs_mount.cache.journal import AsyncJournal
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs

@@ -26,8 +26,9 @@ from typing import cast
 import trio
 
 from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.flusher import ERRORS_BEFORE_FLUSH_FAILS, FlushFailed
-from lakefs_mount.cache.journal import AsyncJournal, NameOpRow
+from lakefs_mount.cache.journalschema import NameOpRow
 from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs, DirStat
 from lakefs_mount.s3.aiostore import AsyncStore

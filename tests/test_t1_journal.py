@@ -8,14 +8,9 @@ import threading
 
 import trio
 
-from lakefs_mount.cache.journal import (
-    CHUNK_DIRTY,
-    CHUNK_UPLOADED,
-    MIGRATIONS,
-    AsyncJournal,
-    Journal,
-    PendingFile,
-)
+from lakefs_mount.cache.asyncjournal import AsyncJournal
+from lakefs_mount.cache.journal import Journal
+from lakefs_mount.cache.journalschema import CHUNK_DIRTY, CHUNK_UPLOADED, MIGRATIONS, PendingFile
 
 
 def _file(j: Journal, key: str = "a") -> PendingFile:

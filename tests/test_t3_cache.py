@@ -22,9 +22,10 @@ import trio.testing
 from memstore import MemoryObjectStore
 
 from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
-from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import CacheTooSmall, warm_up

@@ -11,7 +11,8 @@ import trio
 from memstore import MemoryObjectStore
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.journal import AsyncJournal, Journal
+from lakefs_mount.cache.asyncjournal import AsyncJournal
+from lakefs_mount.cache.journal import Journal
 from lakefs_mount.namelog import DELETE, DIR, MOVE, RMDIR, NameLog, overlap
 from lakefs_mount.s3.aiostore import AsyncStore
 
