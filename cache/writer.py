@@ -242,12 +242,16 @@ class Writer:
 
     async def stream_written(self, cf: CachedFile, indices: list[int]) -> None:
         """Chunks a passthrough writer has left behind: dirty (journalled first), and to
-        the flusher now, while the writer goes on."""
-        await self.mark_dirty(cf, indices, None)
-        for idx in indices:
-            ch = cf.chunks[idx]
-            ch.direct = False  # in the page cache: read it back buffered
-            self.demand.chunk_full(cf, idx)
+        the flusher now, while the writer goes on. Pinned while the journal and the dirty
+        budget are waited for: the last release may meanwhile take the chunks over, upload
+        them and (no passthrough open left) evict them; a chunk freed so, then marked
+        dirty here, would send the hole, not the bytes."""
+        with self.book.pinned(cf, indices):
+            await self.mark_dirty(cf, indices, None)
+            for idx in indices:
+                ch = cf.chunks[idx]
+                ch.direct = False  # in the page cache: read it back buffered
+                self.demand.chunk_full(cf, idx)
 
     # -- intent before write ------------------------------------------------------------
 
