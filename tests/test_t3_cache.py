@@ -659,3 +659,56 @@ def test_a_reader_cancelled_while_its_get_is_held_stops_at_once_and_the_get_serv
             assert await c.cache.read(cf, 0, 100) == data[:100]
             assert store.calls["get_range"] == 1
     run(body)
+
+
+class HeldStore(MemoryObjectStore):
+    """Part uploads of keys starting with "held" wait until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def upload_part(self, key, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if key.startswith("held"):
+            self.release.wait(30)
+        return super().upload_part(key, *args, **kwargs)
+
+
+def test_chunks_a_passthrough_writer_left_stay_until_their_intent_is_journalled(tmp_path):
+    """The watcher of a passthrough writer marks the chunks behind its frontier dirty and
+    may wait for the dirty budget; meanwhile the writer's last release can take them over,
+    upload them and, with no passthrough open left, let eviction free them. They are
+    pinned while the watcher waits: an evicted chunk made the daemon die of a KeyError
+    (and one marked dirty again would have sent the punched hole)."""
+    async def body() -> None:
+        async with core(tmp_path, HeldStore(), max_dirty=3 * PART) as c:
+            store = c.store
+            assert isinstance(store, HeldStore)
+            cf = c.new_file("pt")
+            await c.cache.new_file(cf)
+            held = await c.write_file("held", random.randbytes(2 * PART))  # fills the budget
+            data = random.randbytes(3 * PART)
+            fd = c.cache.open_cache_file(cf)  # the kernel writes the cache file itself
+            try:
+                os.pwrite(fd, data, 0)
+            finally:
+                os.close(fd)
+            cf.pt_opens = cf.pt_writers = 1
+            waits = c.cache.metrics[m.WRITER_WAITS]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(c.cache.stream_written, cf, [0, 1, 2])
+                with trio.fail_after(10):
+                    while c.cache.metrics[m.WRITER_WAITS] == waits:  # waits for the budget
+                        await trio.sleep(0.01)
+                cf.pt_opens = cf.pt_writers = 0  # the last release takes over and commits
+                await c.cache.take_over_written(cf, len(data))
+                c.flusher.request_commit(cf)
+                await c.flusher.flush([cf])
+                assert c.store.objects["pt"].body == data
+                await c.cache.evict_bytes(16 * PART)
+                store.release.set()  # the budget drains; the watcher goes on
+            await c.close_and_flush(held)
+            c.flusher.request_commit(cf)
+            await c.flusher.flush([cf])
+            assert c.store.objects["pt"].body == data
+    run(body)
