@@ -5,14 +5,14 @@ cheap: flush(path), commit(path, expect_files=None, ...), verify(path), status(m
 and the exceptions LakefsMountError and NotALakefsMount.
 """
 
+# Nothing imported at module level: every `lakefs-mount` command imports this package
+# before its own interrupt handling starts (a Ctrl-C inside `typing` printed a traceback).
 from __future__ import annotations
-
-from typing import Any
 
 __all__ = ["flush", "commit", "verify", "status", "LakefsMountError", "NotALakefsMount"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         from lakefs_mount import api
 
