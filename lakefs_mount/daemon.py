@@ -188,7 +188,6 @@ class Daemon:
                                  fsync_remote=config.fsync_mode == "remote")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
-                await nursery.start(ns.run)
                 await nursery.start(self.flusher.run)
                 await nursery.start(index.run)
                 await self.cache.load_warm()
@@ -196,7 +195,9 @@ class Daemon:
                 for cf in files:
                     self.ns.attach_path(cf.key[len(config.prefix):], cf)
                     self.flusher.request_commit(cf)
-                # only now: a replayed move rebases the recovered files that it moves
+                # only now: the root's first listing (ns.run) meets the warm cache and the
+                # recovered files, and a replayed move rebases the recovered files it moves
+                await nursery.start(ns.run)
                 await nursery.start(names.run)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
