@@ -330,17 +330,18 @@ def set_outage(proxy: FaultProxy, kind: str, on: bool) -> None:
 
 
 OUTAGE_S = 20.0
-OUTAGE_FILES, OUTAGE_FILE_SIZE = 4, 64 * MiB
-OUTAGE_LINK = 8 * MiB  # bytes/s per connection, 8 uploads at a time: 256 MiB in ~4 s
+OUTAGE_FILES, OUTAGE_FILE_SIZE = 8, 128 * MiB  # 1 GiB, as issue 29 asks
+OUTAGE_AFTER = 256 * MiB  # a quarter of it is in S3 when the outage begins
+OUTAGE_LINK = 32 * MiB  # bytes/s per connection, 8 uploads at a time: 1 GiB in ~4-8 s
 
 
 @pytest.mark.parametrize(("kind", "kill"), [("refused", False), ("black-hole", False),
                                             ("black-hole", True)],
                          ids=["refused", "black-hole", "black-hole-kill9"])
-def test_a_20_s_outage_while_flushing_256_mib_ends_with_every_byte_in_s3(
+def test_a_20_s_outage_while_flushing_1_gib_ends_with_every_byte_in_s3(
         mount_factory, s3, fault_proxy: FaultProxy, reliability, kind: str,
         kill: bool) -> None:
-    """S3 goes away for 20 s in the middle of a flush of 256 MiB. The flush waits and
+    """S3 goes away for 20 s in the middle of a flush of 1 GiB. The flush waits and
     exits 0 once S3 is back, or gives up with exit 1 once uploading a file failed 5
     times in a row (the README's rule; refused connections fail fast), and a flush after
     S3 returned exits 0. With a kill -9 of the daemon during the outage the waiting flush
@@ -360,8 +361,9 @@ def test_a_20_s_outage_while_flushing_256_mib_ends_with_every_byte_in_s3(
     flush = subprocess.Popen([CLI, "flush", str(m.path)], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: m.counters().get("bytes_uploaded", 0) >= uploaded + 16 * MiB,
-                          60), m.log_tail()
+        assert wait_until(
+            lambda: m.counters().get("bytes_uploaded", 0) >= uploaded + OUTAGE_AFTER, 60
+        ), m.log_tail()
         set_outage(fault_proxy, kind, True)
         outage_began = time.monotonic()
         if kill:
@@ -400,13 +402,15 @@ def test_a_20_s_outage_while_flushing_256_mib_ends_with_every_byte_in_s3(
         outcome = (f"the flush gave up during the outage (exit {during}, 'keeps failing', as "
                    f"documented); the next one exited 0")
     reliability(Row(
-        scenario=f"20 s outage while flushing 256 MiB ({what}"
+        scenario=f"20 s outage while flushing 1 GiB ({what}"
                  f"{', kill -9 during it' if kill else ''})",
-        injects=f"{what} for {OUTAGE_S:.0f} s after the first 16 MiB were uploaded"
+        injects=f"{what} for {OUTAGE_S:.0f} s after the first {OUTAGE_AFTER // MiB} MiB were "
+                "uploaded"
                 + ("; kill -9 of the daemon 5 s in, remount after" if kill else ""),
         acknowledged=len(healthy | files), lost=len(lost), corrupt=len(corrupt),
         seconds=round(seconds, 1), healthy_s=round(healthy_s, 1),
-        notes=f"4 x 64 MiB closed files, S3 at {OUTAGE_LINK // MiB} MiB/s a connection; "
+        notes=f"{OUTAGE_FILES} x {OUTAGE_FILE_SIZE // MiB} MiB closed files, S3 at "
+              f"{OUTAGE_LINK // MiB} MiB/s a connection; "
               f"{outcome}; {len(left)} multipart uploads left"))
     assert not lost and not corrupt, (lost, corrupt)
     assert not left, left
