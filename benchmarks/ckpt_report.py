@@ -10,6 +10,7 @@ from benchmarks import report
 
 LABELS = {"local": "local disk", "native": "lakefs-mount (native)",
           "pyfuse3": "lakefs-mount (pyfuse3)", "s3tc": "s3torchconnector",
+          "juicefs": "JuiceFS (writeback)", "rclone": "rclone mount (vfs full)",
           "raw": "raw boto3 upload"}
 TITLES = {
     "torch_save_1": "torch.save, 1 rank", "torch_save_4": "torch.save, 4 ranks at once",
@@ -17,11 +18,13 @@ TITLES = {
     "dcp_save_4": "DCP save, world size 4 (gloo)",
     "torch_load_cold": "torch.load cold", "safetensors_load_cold": "safetensors safe_open cold",
     "dcp_load_cold": "DCP load cold", "torch_load_warm": "torch.load warm",
+    "dcp_load_4_cold": "DCP load cold, world size 4 (4 ranks at once)",
     "torch_load_mmap": "torch.load(mmap=True)",
 }
 # restore -> (workload, system) whose restore_s of the same round is its ratio's baseline
 RESTORE_BASE = {"torch_load_cold": (None, "s3tc"), "safetensors_load_cold": (None, "s3tc"),
-                "dcp_load_cold": (None, "s3tc"), "torch_load_warm": ("torch_load_cold", "local"),
+                "dcp_load_cold": (None, "s3tc"), "dcp_load_4_cold": (None, "s3tc"),
+                "torch_load_warm": ("torch_load_cold", "local"),
                 "torch_load_mmap": (None, "local")}
 STALL_GOAL, DURABLE_GOAL, RESTORE_GOAL = 1.1, 1.05, 0.9
 STALL_GOAL_WORKLOADS = ("torch_save_1", "torch_save_4", "dcp_save_1", "dcp_save_4")
@@ -77,7 +80,9 @@ def restore_points(restore: str, rows: Rows) -> dict[str, Any]:
     base_label = LABELS[base_system] + (f" ({TITLES[workload]})" if workload else "")
     points = {}
     for system, runs in rows[restore].items():
-        paired = system != base_system or workload is not None
+        # without the baseline (s3torchconnector not installed) the seconds still show
+        paired = (system != base_system or workload is not None) and any(
+            b is not None for b in base)
         points[system] = _point(_values(runs, "restore_s"), LABELS.get(system, system),
                                 base=base if paired else None,
                                 base_label=base_label if paired else "")
@@ -103,7 +108,8 @@ def goals(workloads: dict[str, Any], sessions: list[str]) -> list[dict[str, Any]
         for w in (w for w in workloads if "save" in w):
             check(w, f"{s}_durable", DURABLE_GOAL,
                   f"{TITLES[w]}, {s}: durable <= {DURABLE_GOAL} x raw upload")
-        for w in ("torch_load_cold", "safetensors_load_cold", "dcp_load_cold"):
+        for w in ("torch_load_cold", "safetensors_load_cold", "dcp_load_cold",
+                  "dcp_load_4_cold"):
             if w in workloads:
                 check(w, s, RESTORE_GOAL,
                       f"{TITLES[w]}, {s}: restore <= {RESTORE_GOAL} x s3torchconnector")
@@ -138,7 +144,8 @@ def _cpu(points: dict[str, Any], system: str) -> str:
 
 def table(results: dict[str, Any]) -> list[str]:
     """The headline: one row per workload and measure, one column per system."""
-    systems = ["local", *results["meta"]["sessions"], "s3tc"]
+    systems = ["local", *results["meta"]["sessions"], *results["meta"].get("peers", []),
+               "s3tc"]
     lines = ["| | " + " | ".join(LABELS[s] for s in systems) + " | raw boto3 upload |",
              "|---|" + "---:|" * (len(systems) + 1)]
     for name, w in results["workloads"].items():
@@ -153,7 +160,7 @@ def table(results: dict[str, Any]) -> list[str]:
                          + " | ".join(_cpu(pts, s) for s in systems) + " | |")
         else:
             base = next((p["baseline_label"] for p in pts.values() if p.get("ratio")), "")
-            lines.append(f"| {w['title']}, x {base} | "
+            lines.append(f"| {w['title']}{f', x {base}' if base else ''} | "
                          + " | ".join(_cell(pts.get(s)) for s in systems) + " | |")
     return lines
 

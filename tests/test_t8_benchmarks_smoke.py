@@ -118,7 +118,7 @@ def test_checkpoint_benchmark_quick_loads_back_every_checkpoint_it_saved(
     systems = {"local", "native"} | ({"s3tc"} if any(
         "s3torchconnector " in n for n in results["meta"]["notes"]) else set())
     saves = ("torch_save_1", "torch_save_4", "safetensors_save_1", "dcp_save_1", "dcp_save_4")
-    restores = ("torch_load_cold", "safetensors_load_cold", "dcp_load_cold")
+    restores = ("torch_load_cold", "safetensors_load_cold", "dcp_load_cold", "dcp_load_4_cold")
     for name in (*saves, *restores):
         assert set(results["workloads"][name]["rounds"]) == systems, (name, log)
     # 1-rank checkpoints: 3 formats x every system, read back cold, and torch.load warm
