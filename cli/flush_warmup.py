@@ -10,12 +10,12 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
 from lakefs_mount.config import human_bytes
-from lakefs_mount.control import ControlError, ControlTimeout
+from lakefs_mount.controlclient import ControlError, ControlTimeout
 
 
 def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,
@@ -26,7 +26,7 @@ def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: st
     name = {"warmup": "warm-up"}.get(op, op)
     printer = ProgressPrinter(verb, as_json)
     try:
-        result = control.call(mp, {"op": op, "path": rel}, timeout=timeout,
+        result = controlclient.call(mp, {"op": op, "path": rel}, timeout=timeout,
                               on_progress=printer)
         printer.done(finished=True)
         if as_json:

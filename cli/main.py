@@ -20,7 +20,7 @@ from lakefs_mount.cli.orphans import orphans
 from lakefs_mount.cli.publish import COMMANDS as PUBLISH_COMMANDS
 from lakefs_mount.cli.status import status
 from lakefs_mount.cli.unmount import unmount
-from lakefs_mount.control import ControlError
+from lakefs_mount.controlclient import ControlError
 from lakefs_mount.mountpoint import MountpointError
 from lakefs_mount.s3.objectstore import ObjectStoreError
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes
-from lakefs_mount.control import ControlTimeout
+from lakefs_mount.controlclient import ControlTimeout
 
 
 @click.group()
@@ -28,7 +28,7 @@ def orphans() -> None:
 def _orphans_call(mp: Path, request: dict, timeout: float | None,
                   on_progress: Callable[[dict], None] | None = None) -> dict:
     try:
-        return control.call(mp, {"op": "orphans", **request}, timeout=timeout,
+        return controlclient.call(mp, {"op": "orphans", **request}, timeout=timeout,
                             on_progress=on_progress)
     except ControlTimeout:
         raise CliError(f"the daemon of {mp} did not answer within {timeout:g} s; what was "

@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes, parse_source
-from lakefs_mount.control import ControlError, ControlTimeout
+from lakefs_mount.controlclient import ControlError, ControlTimeout
 
 NO_MANIFEST_EXIT = 3
 CONTROL_MARGIN = 60.0  # seconds the CLI waits beyond --timeout for the daemon's answer
@@ -66,7 +66,7 @@ def commit(mountpoint: Path, path: str, expect_files: int | None, expect: tuple[
     request = {"op": "commit", "path": rel, "expect_files": expect_files,
                "expect": list(expect), "timeout": timeout}
     try:
-        result = control.call(mp, request, on_progress=printer,
+        result = controlclient.call(mp, request, on_progress=printer,
                               timeout=None if timeout is None else timeout + CONTROL_MARGIN)
         printer.done(finished=True)
     except ControlTimeout:
@@ -116,7 +116,7 @@ def verify(ctx: click.Context, target: str, path: str | None, endpoint_url: str 
                                        f"s3://BUCKET/PREFIX only", ctx)
         mp, rel = _in_mount(Path(target), path)
         try:
-            report = control.call(mp, {"op": "verify", "path": rel}, timeout=None)
+            report = controlclient.call(mp, {"op": "verify", "path": rel}, timeout=None)
         except ControlError as exc:
             raise CliError(f"verify of {mp / rel} failed: {exc}") from None
     _report(report, as_json)

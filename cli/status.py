@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.cli.params import abs_path
 from lakefs_mount.config import human_bytes
 from lakefs_mount.s3.stats import WAITING_AFTER
@@ -91,7 +91,7 @@ def status(mountpoint: Path, as_json: bool, timeout: float, watch: bool,
            interval: float) -> None:
     """Show dirty data, uploads, errors and cache use of a mount."""
     def fetch() -> dict:
-        result = control.call(abs_path(mountpoint), {"op": "status"}, timeout=timeout)
+        result = controlclient.call(abs_path(mountpoint), {"op": "status"}, timeout=timeout)
         return {k: v for k, v in result.items()
                 if not any(w in k.lower() for w in _SECRET_WORDS)}
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path
 from lakefs_mount.cli.progress import ProgressPrinter, left_bytes
 from lakefs_mount.config import human_bytes
-from lakefs_mount.control import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.controlclient import ControlError, ControlTimeout, DaemonNotRunning
 from lakefs_mount.mountpoint import MountpointError
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
@@ -68,7 +68,7 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
     mp = abs_path(mountpoint)
     printer = ProgressPrinter("flushing before unmount")
     try:
-        result = control.call(mp, {"op": "unmount", "flush": not no_flush}, timeout=timeout,
+        result = controlclient.call(mp, {"op": "unmount", "flush": not no_flush}, timeout=timeout,
                               on_progress=printer)
     except DaemonNotRunning as exc:
         printer.done()

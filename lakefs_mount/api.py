@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from lakefs_mount import control
+from lakefs_mount import controlclient
 from lakefs_mount.config import control_socket_path
 from lakefs_mount.mountpoint import read_mountinfo
 
@@ -57,8 +57,8 @@ def _is_ours(fstype: str, mountpoint: Path) -> bool:
 def _call(mountpoint: Path, request: dict, timeout: float | None,
           on_progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
     try:
-        return control.call(mountpoint, request, timeout=timeout, on_progress=on_progress)
-    except control.ControlError as exc:
+        return controlclient.call(mountpoint, request, timeout=timeout, on_progress=on_progress)
+    except controlclient.ControlError as exc:
         raise LakefsMountError(f"{request['op']} on {mountpoint}: {exc}") from None
 
 

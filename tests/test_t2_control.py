@@ -18,14 +18,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from lakefs_mount import control
-from lakefs_mount.control import (
+from lakefs_mount import controlclient
+from lakefs_mount.control import FlushFailed, serve_control
+from lakefs_mount.controlclient import (
     ControlError,
     ControlTimeout,
     DaemonNotRunning,
-    FlushFailed,
     call_socket,
-    serve_control,
 )
 
 
@@ -205,10 +204,10 @@ def test_socket_removed_on_cancel(sock_dir):
 def test_missing_socket_is_a_clear_error(sock_dir, tmp_path, monkeypatch):
     with pytest.raises(DaemonNotRunning, match=r"no lakefs-mount daemon serves"):
         call_socket(sock_dir / "nothing.sock", {"op": "status"}, timeout=5)
-    monkeypatch.setattr(control, "control_socket_path", lambda mp: sock_dir / "none.sock")
+    monkeypatch.setattr(controlclient, "control_socket_path", lambda mp: sock_dir / "none.sock")
     with pytest.raises(ControlError,
                        match=rf"no lakefs-mount daemon serves {tmp_path} \(is it mounted\?\)"):
-        control.call(tmp_path, {"op": "status"}, timeout=5)
+        controlclient.call(tmp_path, {"op": "status"}, timeout=5)
 
 
 def test_stale_socket_is_replaced(sock_dir):
