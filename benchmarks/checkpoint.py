@@ -262,8 +262,12 @@ class Bench:
         self.log(f"bucket {self.bucket} mounted")
 
     def close_phase(self) -> None:
-        for target in self.targets().values():
-            target.stop()
+        for name, target in self.targets().items():
+            if name not in self.peers:
+                target.stop()
+            elif not self.guarded(f"stop {name}", lambda t=target: t.stop() or True,
+                                  peer=True):
+                target.kill()  # a peer that cannot stop cleanly (a file it never uploaded)
             shutil.rmtree(target.cache_dir, ignore_errors=True)
         for target in self.peers.values():
             shutil.rmtree(target.root, ignore_errors=True)
