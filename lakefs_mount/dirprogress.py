@@ -90,12 +90,22 @@ class DirProgress:
         its bytes not yet in S3, its pending files and its upload rate; `commits`: the
         commits under way, oldest first. One pass over `pending`, whose chunks it sums."""
         now = time.monotonic()
-        dirs: dict[str, dict[str, int | None]] = {}
-        for cf in pending:
-            entry = dirs.setdefault(self.top(cf.key), {"pending_bytes": 0, "pending_files": 0})
-            entry["pending_files"] = (entry["pending_files"] or 0) + 1
-            entry["pending_bytes"] = (entry["pending_bytes"] or 0) + sum(
-                ch.held for ch in cf.chunks.values() if ch.state in DIRTY_STATES)
+        totals: dict[str, list[int]] = {}  # dir -> [pending files, pending bytes]
+        start = len(self.prefix)
+        for cf in pending:  # (plain loops, `top` inlined: 10,000 files cost a few ms)
+            key = cf.key
+            slash = key.find("/", start)
+            name = ROOT if slash < 0 else key[start:slash + 1]
+            acc = totals.get(name)
+            if acc is None:
+                acc = totals[name] = [0, 0]
+            acc[0] += 1
+            for ch in cf.chunks.values():
+                if ch.state in DIRTY_STATES:
+                    acc[1] += ch.held
+        dirs: dict[str, dict[str, int | None]] = {
+            name: {"pending_bytes": nbytes, "pending_files": nfiles}
+            for name, (nfiles, nbytes) in totals.items()}
         for top in list(self._uploads):
             dirs.setdefault(top, {"pending_bytes": 0, "pending_files": 0})
         for top, entry in dirs.items():
