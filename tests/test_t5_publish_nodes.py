@@ -5,63 +5,25 @@ writes, one commits (waiting for the other node's objects with --expect-files), 
 passes, and a third, fresh mount loads the checkpoint. Also what one node sees of the
 other's objects, and two nodes writing the same key.
 
-This file doubles as the script `python tests/test_t5_publish_nodes.py --dirs A,B ...`
-that spawns the ranks (gloo on CPU, as tests/test_t7_frameworks.py does), rank r saving
-into the r * len(dirs) // world th of the comma-separated directories.
+The ranks run as in tests/test_t7_frameworks.py (its script; gloo on CPU), given one
+directory per node.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-THIS = Path(__file__).resolve()
-WORLD = 4
+import pytest
+from mounting import cli
+from test_t5_publish import _manifest, _running
+from test_t5_s3_black_hole import wait_for
+from test_t7_frameworks import _dcp_load_and_compare, _dcp_save, _ok
+
+from lakefs_mount.manifest import MANIFEST_NAME
+
 MIB_PER_RANK = 2
-
-
-def _worker(rank: int, args: argparse.Namespace) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from test_t7_frameworks import _dcp_state
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank,
-                            world_size=args.world)
-    try:
-        mesh = init_device_mesh("cpu", (args.world,))
-        state = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh)
-        dirs = args.dirs.split(",")
-        dcp.save(state, checkpoint_id=dirs[rank * len(dirs) // args.world])  # this node's
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="DCP save with N ranks over several mounts")
-    parser.add_argument("--dirs", required=True, help="comma-separated, one per node")
-    parser.add_argument("--store", required=True, help="FileStore path (must not exist)")
-    parser.add_argument("--world", type=int, default=WORLD)
-    parser.add_argument("--mib-per-rank", type=int, default=MIB_PER_RANK)
-    parser.add_argument("--seed", type=int, default=0)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch.multiprocessing as tmp
-
-    tmp.spawn(_worker, args=(parser.parse_args(),), nprocs=WORLD, join=True)
-    sys.exit(0)
-
-
-import pytest  # noqa: E402
-from mounting import cli  # noqa: E402
-from test_t5_publish import _manifest, _running  # noqa: E402
-from test_t5_s3_black_hole import wait_for  # noqa: E402
-from test_t7_frameworks import _dcp_load_and_compare  # noqa: E402
-
 TTL = 0.5  # --metadata-ttl of the nodes that look at each other's objects
 
 
@@ -71,12 +33,8 @@ def test_a_dcp_save_over_two_nodes_is_committed_by_one_and_loads_on_a_third(
     # uploads wait for a flush (--commit-delay): node B's files reach S3 only by its own
     a, b = (mount_factory("--commit-delay", "600", name=f"node-{n}") for n in "ab")
     step = "dcp/step_1"
-    proc = subprocess.run(
-        [sys.executable, str(THIS), "--dirs", f"{a.path / step},{b.path / step}",
-         "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL, env=dict(os.environ, GLOO_SOCKET_IFNAME="lo",
-                                           OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    _ok(_dcp_save(Path(f"{a.path / step},{b.path / step}"), tmp_path / "store",
+                  mib_per_rank=MIB_PER_RANK), "DCP save over two mounts")
     mine = {"a": sorted(os.listdir(a.path / step)), "b": sorted(os.listdir(b.path / step))}
     assert mine == {"a": [".metadata", "__0_0.distcp", "__1_0.distcp"],
                     "b": ["__2_0.distcp", "__3_0.distcp"]}  # each node saw only its own
@@ -93,7 +51,7 @@ def test_a_dcp_save_over_two_nodes_is_committed_by_one_and_loads_on_a_third(
     assert commit.returncode == 0, err + a.log_tail()
     doc = _manifest(s3, step + "/")
     sizes = {o.key.rsplit("/", 1)[1]: o.size for o in s3.list_recursive(step + "/")
-             if not o.key.endswith(("/", ".lakefs-commit.json"))}
+             if not o.key.endswith(("/", MANIFEST_NAME))}
     assert {f["key"]: f["size"] for f in doc["files"]} == sizes and len(sizes) == 5
     proc = cli("verify", str(b.path), step)  # on the other node: the same answer
     assert proc.returncode == 0 and proc.stdout.startswith("OK "), proc.stdout + proc.stderr
