@@ -117,12 +117,24 @@ class Publisher:
         meta = encode_attrs(stat.S_IFREG | 0o644, os.getuid(), os.getgid(), now_ns)
         etag = await self.store.retrying(f"PUT {key}", self.store.sync.put, key, body, meta,
                                          max_attempts=MANIFEST_PUT_ATTEMPTS)
+        self._show_manifest(prefix)
         seconds = round(time.monotonic() - started, 3)
         log.info("committed /%s: %d files, %d bytes, manifest %s in %.1f s", path,
                  len(entries), sum(e.size for e in entries), key, seconds)
         return {"manifest": key, "etag": etag, "files": len(entries),
                 "bytes": sum(e.size for e in entries), "checksums": sources,
                 "seconds": seconds}
+
+    def _show_manifest(self, prefix: str) -> None:
+        """This mount shows the manifest it wrote at once, not after --metadata-ttl (as
+        other mounts do): its listing of the directory counts as expired, and the kernel
+        forgets the name if it had cached it as absent."""
+        ns = self.daemon.ns
+        directory = ns.dir_by_key(prefix)
+        if directory is None:
+            return
+        directory.listed_at = min(directory.listed_at, time.monotonic() - ns.ttl)
+        self.daemon.invalidations.entry(directory.ino, MANIFEST_NAME)
 
     def _committer(self) -> dict[str, Any]:
         config = self.daemon.config

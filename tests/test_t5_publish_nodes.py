@@ -2,8 +2,9 @@
 its own cache. A torch.distributed.checkpoint save of 4 ranks writes ranks 0-1 through
 mount A and ranks 2-3 through mount B into the same directory; each node flushes its own
 writes, one commits (waiting for the other node's objects with --expect-files), `verify`
-passes, and a third, fresh mount loads the checkpoint. Also what one node sees of the
-other's objects, and two nodes writing the same key.
+passes, and a third, fresh mount loads the checkpoint. The committing node shows the
+manifest at once, the other once its listing is older than --metadata-ttl. Also what one
+node sees of the other's objects, and two nodes writing the same key.
 
 The ranks run as in tests/test_t7_frameworks.py (its script; gloo on CPU), given one
 directory per node.
@@ -30,8 +31,10 @@ TTL = 0.5  # --metadata-ttl of the nodes that look at each other's objects
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_dcp_save_over_two_nodes_is_committed_by_one_and_loads_on_a_third(
         mount_factory, s3, tmp_path):
-    # uploads wait for a flush (--commit-delay): node B's files reach S3 only by its own
-    a, b = (mount_factory("--commit-delay", "600", name=f"node-{n}") for n in "ab")
+    # uploads wait for a flush (--commit-delay): node B's files reach S3 only by its own;
+    # node A would list a directory again only after 10 minutes, node B after a second
+    a = mount_factory("--commit-delay", "600", "--metadata-ttl", "600", name="node-a")
+    b = mount_factory("--commit-delay", "600", "--metadata-ttl", "1", name="node-b")
     step = "dcp/step_1"
     _ok(_dcp_save(Path(f"{a.path / step},{b.path / step}"), tmp_path / "store",
                   mib_per_rank=MIB_PER_RANK), "DCP save over two mounts")
@@ -42,6 +45,7 @@ def test_a_dcp_save_over_two_nodes_is_committed_by_one_and_loads_on_a_third(
     # the recipe: every node flushes, then one commits; here node A commits first and
     # waits (--expect-files) until node B's flush has put its ranks' files in S3
     assert a.flush(step).returncode == 0, a.log_tail()
+    assert not any((n.path / step / MANIFEST_NAME).exists() for n in (a, b))  # (cached so)
     with _running("commit", str(a.path), step, "--expect-files", "5", "--timeout",
                   "60") as commit:
         time.sleep(1.0)
@@ -53,6 +57,9 @@ def test_a_dcp_save_over_two_nodes_is_committed_by_one_and_loads_on_a_third(
     sizes = {o.key.rsplit("/", 1)[1]: o.size for o in s3.list_recursive(step + "/")
              if not o.key.endswith(("/", MANIFEST_NAME))}
     assert {f["key"]: f["size"] for f in doc["files"]} == sizes and len(sizes) == 5
+    # the committing node shows its manifest at once, the other after its --metadata-ttl
+    assert (a.path / step / MANIFEST_NAME).read_bytes() == s3.get(f"{step}/{MANIFEST_NAME}")[1]
+    assert wait_for(lambda: (b.path / step / MANIFEST_NAME).exists(), 10), b.log_tail()
     proc = cli("verify", str(b.path), step)  # on the other node: the same answer
     assert proc.returncode == 0 and proc.stdout.startswith("OK "), proc.stdout + proc.stderr
 
