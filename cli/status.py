@@ -92,7 +92,7 @@ def format_checkpoints(status: dict) -> str:
     commits: list[dict] = status.get("commits") or []
     lines = []
     if dirs:
-        rows = [("directory", "pending", "files", "upload rate")] + [
+        rows = [("directory", "pending", "files", "uploaded/s")] + [
             (name, human_bytes(d["pending_bytes"]), str(d["pending_files"]),
              "-" if d.get("upload_rate") is None else f"{human_bytes(d['upload_rate'])}/s")
             for name, d in dirs.items()]

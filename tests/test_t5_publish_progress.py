@@ -39,7 +39,7 @@ def test_status_shows_the_bytes_pending_per_directory_and_the_commits_under_way(
     assert dirs["fast/"]["pending_bytes"] == 0 and dirs["fast/"]["pending_files"] == 0, dirs
     assert dirs["fast/"]["upload_rate"] >= len(fast) // 10  # over the last 10 s at most
     text = cli("status", str(m.path), check=True).stdout
-    assert "\ndirectory  pending  files  upload rate\n" in text, text
+    assert "\ndirectory  pending  files  uploaded/s\n" in text, text
     assert [line.split() for line in text.splitlines() if line.startswith("slow/")] == [
         ["slow/", "3", "MiB", "1", "-"]], text
 
