@@ -63,14 +63,14 @@ class FaultProxy:
         self._storm_rng = random.Random(0)
         self.requests_seen = 0  # requests read on parsed connections
         self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
-        self._held: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
-        self.requests_held = 0
         self._fail = False
         self._hang = False
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._held: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
+        self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -173,6 +173,21 @@ class FaultProxy:
             self._storm = (status, code, share, methods) if share > 0 else None
             self._storm_rng = random.Random(seed)
 
+    def _injected(self, method: str) -> tuple[int, str] | None:
+        with self._lock:
+            self.requests_seen += 1
+            for i, (status, code, methods) in enumerate(self._answers):
+                if method in methods:
+                    del self._answers[i]
+                    self.answered += 1
+                    return status, code
+            if self._storm is not None and method in self._storm[3]:
+                status, code, share, _ = self._storm
+                if self._storm_rng.random() < share:
+                    self.answered += 1
+                    return status, code
+        return None
+
     def delay_keys(self, prefix: str, seconds: float = math.inf) -> None:
         """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
         each before forwarding them, or until `release_keys()`."""
@@ -195,21 +210,6 @@ class FaultProxy:
         if hold is not None:
             seconds, released = hold
             released.wait(None if seconds == math.inf else seconds)
-
-    def _injected(self, method: str) -> tuple[int, str] | None:
-        with self._lock:
-            self.requests_seen += 1
-            for i, (status, code, methods) in enumerate(self._answers):
-                if method in methods:
-                    del self._answers[i]
-                    self.answered += 1
-                    return status, code
-            if self._storm is not None and method in self._storm[3]:
-                status, code, share, _ = self._storm
-                if self._storm_rng.random() < share:
-                    self.answered += 1
-                    return status, code
-        return None
 
     @staticmethod
     def _answer(client: socket.socket, status: int, code: str, close: bool) -> None:
