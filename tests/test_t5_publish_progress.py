@@ -17,10 +17,12 @@ MiB = 1024 * 1024
 
 
 def _held_mount(mount_factory, fault_proxy, held: str):
-    """A mount through the proxy that uploads at once, the keys under `held` held back."""
+    """A mount through the proxy that uploads at once (8 MiB parts), the keys under `held`
+    held back."""
     fault_proxy.parse_requests = True
     fault_proxy.delay_keys(held)
-    return mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    return mount_factory("--commit-delay", "0", "--part-size", "8M",
+                         endpoint_url=fault_proxy.endpoint_url)
 
 
 def test_status_shows_the_bytes_pending_per_directory_and_the_commits_under_way(
@@ -61,8 +63,11 @@ def test_status_shows_the_bytes_pending_per_directory_and_the_commits_under_way(
 
 def test_flush_and_commit_of_one_directory_return_while_another_is_held_back(
         mount_factory, fault_proxy, s3):
+    """The held directory takes fewer upload slots than --upload-concurrency (8): held
+    uploads that take every slot hold up the others' too (the flusher's slots are
+    shared, first come first served)."""
     m = _held_mount(mount_factory, fault_proxy, "held/")
-    held = os.urandom(12 * MiB + 1)  # a multipart upload: every part of it held back
+    held = os.urandom(12 * MiB + 1)  # a multipart upload (2 parts): every request held
     free = {f"rank{i}.pt": os.urandom(MiB + i) for i in range(3)}
     _write(m.path / "held" / "x.bin", held)
     assert wait_for(lambda: fault_proxy.requests_held, 20), "held/x.bin's upload never began"
