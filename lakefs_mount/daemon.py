@@ -38,6 +38,7 @@ from lakefs_mount.config import (
 from lakefs_mount.control import ControlError, first_cause, serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import parent_dir_key
+from lakefs_mount.dirprogress import DirProgress
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
@@ -156,6 +157,7 @@ class Daemon:
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
         self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
         self.invalidations = Invalidations()  # remote changes the kernel is told of
+        self.dirs = DirProgress(config.prefix)  # per-checkpoint progress (status)
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -166,6 +168,7 @@ class Daemon:
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
                                       open_files=_cache_fd_budget())
+            self.cache.book.on_uploaded = self.dirs.uploaded
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
@@ -364,6 +367,7 @@ class Daemon:
             "s3_requests": self.s3_stats.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
+            **self.dirs.status(pending),  # per top-level directory; commits under way
         }
 
     def _s3_under_way(self) -> dict[str, Any]:

@@ -16,17 +16,23 @@ order they were forwarded (which request came after which).
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
+`delay_keys(prefix, seconds)` holds each request on a key starting with `prefix` (on parsed
+connections) for `seconds` before it is forwarded, or until `release_keys()`: one
+directory's uploads wait while the others' go through; `requests_held` counts the
+requests that have waited so far.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 _CHUNK = 64 * 1024
 
@@ -63,6 +69,8 @@ class FaultProxy:
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._held: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
+        self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -180,6 +188,29 @@ class FaultProxy:
                     return status, code
         return None
 
+    def delay_keys(self, prefix: str, seconds: float = math.inf) -> None:
+        """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
+        each before forwarding them, or until `release_keys()`."""
+        with self._lock:
+            self._held[prefix] = (seconds, threading.Event())
+
+    def release_keys(self) -> None:
+        """Forward the held requests now, and hold no more."""
+        with self._lock:
+            held, self._held = self._held, {}
+        for _, released in held.values():
+            released.set()
+
+    def _hold(self, target: str) -> None:
+        key = unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
+        with self._lock:
+            hold = next((h for p, h in self._held.items() if key.startswith(p)), None)
+            if hold is not None:
+                self.requests_held += 1
+        if hold is not None:
+            seconds, released = hold
+            released.wait(None if seconds == math.inf else seconds)
+
     @staticmethod
     def _answer(client: socket.socket, status: int, code: str, close: bool) -> None:
         xml = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>"
@@ -215,6 +246,7 @@ class FaultProxy:
                         pass
                     raise OSError("closed")
                 if answer is None:
+                    self._hold(target)
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
                     self._answer(client, *answer, close=True)  # instead of 100 Continue
@@ -292,6 +324,7 @@ class FaultProxy:
     def close(self) -> None:
         """Stop accepting, reset every connection and join the threads."""
         self._closed = True
+        self.release_keys()
         with contextlib.suppress(OSError):
             self._listener.close()
         self._kill_connections()
