@@ -117,8 +117,10 @@ class ObjectStore(Protocol):
         code PreconditionFailed)."""
         ...
 
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
-        """PutObject; returns the ETag."""
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
+        """PutObject; returns the ETag. `crc`: the body's CRC-32C, declared so that S3
+        rejects a body that does not match it (s3/checksums)."""
         ...
 
     def list_dir(self, prefix: str) -> Listing:
@@ -140,14 +142,17 @@ class ObjectStore(Protocol):
         """Server-side copy (multipart copy above 5 GiB); metadata None keeps the source's."""
         ...
 
-    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        """Returns the upload id."""
+    def create_multipart(self, key: str, metadata: dict[str, str],
+                         checksum: bool = False) -> str:
+        """Returns the upload id. `checksum`: S3 keeps the object's CRC-32C (FULL_OBJECT),
+        and its Complete must give every part's."""
         ...
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO) -> str:
+                    body: bytes | memoryview | BinaryIO, crc: int | None = None) -> str:
         """Returns the part's ETag; a file-like body is read from its current position,
-        unless it is a PiecewiseBody that the store sends piece by piece instead."""
+        unless it is a PiecewiseBody that the store sends piece by piece instead.
+        `crc`: as for `put`."""
         ...
 
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
@@ -156,8 +161,11 @@ class ObjectStore(Protocol):
         ...
 
     def complete_multipart(self, key: str, upload_id: str,
-                           parts: list[tuple[int, str]]) -> str:
-        """Complete with (part_number, etag) pairs in order; returns the object's ETag."""
+                           parts: list[tuple[int, str]], crcs: list[int] | None = None,
+                           full_crc: int | None = None) -> str:
+        """Complete with (part_number, etag) pairs in order; returns the object's ETag.
+        `crcs`, `full_crc`: each part's and the whole object's CRC-32C (an upload created
+        with `checksum`)."""
         ...
 
     def abort_multipart(self, key: str, upload_id: str) -> None:

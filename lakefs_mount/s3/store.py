@@ -17,6 +17,7 @@ import botocore.exceptions as bce
 import botocore.session
 from botocore.config import Config
 
+from lakefs_mount.manifest import encode_crc
 from lakefs_mount.s3.failures import Failures
 from lakefs_mount.s3.lean import LeanTransport, listing_pages
 from lakefs_mount.s3.objectstore import (
@@ -44,6 +45,8 @@ __all__ = ["S3ObjectStore", "MAX_COPY_OBJECT_SIZE", "COPY_PART_SIZE"]
 MAX_COPY_OBJECT_SIZE = 5 * 1024**3  # CopyObject refuses sources larger than 5 GiB
 COPY_PART_SIZE = 1024**3  # part size of the multipart copy used above that limit
 DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys
+CRC_HEADER = "x-amz-checksum-crc32c"  # S3 checks the body against it (BadDigest if not)
+FULL_OBJECT = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"}
 STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
 
 
@@ -214,9 +217,12 @@ class S3ObjectStore:
         return done
 
     @retried
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
         data = body if isinstance(body, bytes) else bytes(body)
         headers = {META_PREFIX + name: value for name, value in metadata.items()}
+        if crc is not None:
+            headers[CRC_HEADER] = encode_crc(crc)
         return self._lean_put("PutObject", key, headers, data)
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
@@ -307,26 +313,30 @@ class S3ObjectStore:
     # ---------------------------------------------------------------- multipart
 
     @retried
-    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+    def create_multipart(self, key: str, metadata: dict[str, str],
+                         checksum: bool = False) -> str:
         with self._errors("CreateMultipartUpload", key):
             resp = self._botocore(self.timeouts.small()).create_multipart_upload(
-                Bucket=self.bucket, Key=key, Metadata=dict(metadata))
+                Bucket=self.bucket, Key=key, Metadata=dict(metadata),
+                **(FULL_OBJECT if checksum else {}))
         return str(resp["UploadId"])
 
     @retried
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO) -> str:
+                    body: bytes | memoryview | BinaryIO, crc: int | None = None) -> str:
         if hasattr(body, "pieces") and self._lean.direct:
             # piece by piece as the body reads them: a fraction of the CPU of botocore,
             # which takes 16 KiB at a time, each sliced from a copy
-            return self._lean_put("UploadPart", key, {}, body,  # type: ignore[arg-type]
+            headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
+            return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
                                   {"partNumber": str(part_number), "uploadId": upload_id})
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
+        extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}
         with self._errors("UploadPart", key):
             resp = self._botocore(self.timeouts.transfer(size)).upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
-                Body=data)
+                Body=data, **extra)
         return strip_etag(resp.get("ETag"))
 
     @retried
@@ -341,12 +351,22 @@ class S3ObjectStore:
 
     @retried
     def complete_multipart(self, key: str, upload_id: str,
-                           parts: list[tuple[int, str]]) -> str:
+                           parts: list[tuple[int, str]], crcs: list[int] | None = None,
+                           full_crc: int | None = None) -> str:
+        """`crcs` (each part's, in order) and `full_crc` (the whole object's) complete an
+        upload created with `checksum`, which S3 requires and checks."""
+        listed: list[dict[str, Any]] = [{"PartNumber": n, "ETag": quote_etag(etag)}
+                                        for n, etag in parts]
+        extra: dict[str, Any] = {}
+        if crcs is not None:
+            for part, crc in zip(listed, crcs, strict=True):
+                part["ChecksumCRC32C"] = encode_crc(crc)
+        if full_crc is not None:
+            extra = {"ChecksumCRC32C": encode_crc(full_crc), "ChecksumType": "FULL_OBJECT"}
         with self._errors("CompleteMultipartUpload", key):
             resp = self._botocore(self.timeouts.complete(len(parts))).complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": quote_etag(etag)}
-                                           for n, etag in parts]})
+                MultipartUpload={"Parts": listed}, **extra)
         return strip_etag(resp.get("ETag"))
 
     @retried
