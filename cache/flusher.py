@@ -100,7 +100,7 @@ class Flusher:
         self._nursery: trio.Nursery | None = None
         self.on_committed = on_committed  # an object is now in S3 (its directory's index)
         self.gate = gate
-        self.checksums = ChecksumUse()  # the daemon's probe says whether S3 checks them
+        self.checksums = ChecksumUse.from_environment()  # the probe: whether S3 checks
 
     # -- scheduling -------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
+OFF_VARIABLE = "LAKEFS_MOUNT_UPLOAD_CHECKSUMS"  # "off": none sent (benchmarks/checksums.py)
 PROBE_KEY = ".lakefs-mount/checksum-probe"  # under the mount's prefix (RESERVED)
 PROBE_SECONDS = 10.0  # a slow endpoint leaves the answer unknown, never the mount waiting
 
@@ -35,6 +36,12 @@ class ChecksumUse:
 
     send: bool = True
     verified: bool | None = None
+
+    @classmethod
+    def from_environment(cls) -> ChecksumUse:
+        """On unless OFF_VARIABLE is "off": for measuring what they cost, not an option
+        for users (a corrupted transfer would then land in S3)."""
+        return cls(send=os.environ.get(OFF_VARIABLE, "").lower() != "off")
 
     @property
     def full_object(self) -> bool:
@@ -78,6 +85,8 @@ async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> N
     """Run `probe` in a thread and note its answer in `use`; after PROBE_SECONDS the
     answer stays unknown (the thread is left to finish on its own). `store` is the plain
     store: the expected rejection is no error of the mount's, for status or metrics."""
+    if not use.send:
+        return
     with trio.move_on_after(PROBE_SECONDS):
         use.verified = await trio.to_thread.run_sync(probe, store, prefix,
                                                      abandon_on_cancel=True)
