@@ -41,6 +41,7 @@ def _write_and_flush(server: EmbeddedS3, bucket: str, work: Path, files: int, bo
     subprocess.run([CLI, "mount", f"s3://{bucket}", str(mnt), "--endpoint-url",
                     server.endpoint_url, "--cache-dir", str(cache),
                     "--log-file", str(work / f"daemon-{name}.log")], check=True, env=env)
+    pid = 0
     try:
         status = json.loads(subprocess.run([CLI, "status", str(mnt), "--json"], check=True,
                                            capture_output=True, text=True).stdout)
@@ -57,7 +58,9 @@ def _write_and_flush(server: EmbeddedS3, bucket: str, work: Path, files: int, bo
                                               capture_output=True, text=True).stdout
                                )["checksums"]
     finally:
-        subprocess.run([CLI, "unmount", str(mnt)], check=False)
+        if subprocess.run([CLI, "unmount", str(mnt)], check=False).returncode:
+            os.kill(pid, 9)  # (a failed flush: nothing of it is worth keeping)
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
         shutil.rmtree(cache, ignore_errors=True)
     assert (checksums != "off") == on, checksums
     gib = files * len(body) / 1024**3

@@ -5,8 +5,8 @@ follow the fixed chunk mapping, so a chunk written again is simply uploaded agai
 Unchanged ranges of an object that existed before are copied server-side
 (UploadPartCopy). Every S3 call is retried with backoff; dirty data is never dropped.
 Memory is bounded: each of at most `concurrency` uploads holds one 1 MiB piece of its part.
-Every part and object declares the CRC-32C of its bytes (s3/checksums): the sending
-thread hashes the range in a first pass over the cache file, then sends it.
+Every part and object declares the CRC-32C of its bytes (s3/checksums), taken by the
+sending thread from the bytes it reads out of the cache file.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from lakefs_mount.cache.cachefile import (
     ChunkState,
 )
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.cache.partbody import CachePartBody, crc_of
+from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.manifest import crc32c_combine
 from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
@@ -329,18 +329,16 @@ class Flusher:
                          start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
         (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
-        Each attempt hashes the range first (the header goes before the body), so one
-        that follows a change of the cache file declares the bytes it sends."""
+        With checksums, the store declares that CRC to S3 (s3/checksums)."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
         declare = self.checksums.send
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
-                crc = crc_of(source, start, end) if declare else None
-                body = CachePartBody(source, start, end - start, crc)
+                body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
                 return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
-                    key, upload_id, idx + 1, body, crc)  # type: ignore[arg-type]
+                    key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
 
             etag = str(await self._s3(cf, what, send))
         return etag, bodies[-1].sent_crc

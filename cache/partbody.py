@@ -49,15 +49,9 @@ class CachePartBody(io.RawIOBase):
     """`sent_crc`: the CRC-32C of the bytes of the last pass read from start to end in
     order (what the last attempt sent), None if the last pass skipped about. A FUSE
     passthrough writer changes the cache file behind the daemon's back: the CRC tells
-    later whether a part streamed early still holds what the file holds.
+    later whether a part streamed early still holds what the file holds."""
 
-    `crc`: the CRC-32C the request declares (`x-amz-checksum-crc32c`), computed from the
-    cache file before the body is sent. S3 rejects a body that does not match it, so a
-    part S3 accepted holds exactly those bytes: the body is not hashed again and
-    `sent_crc` is `crc`."""
-
-    def __init__(self, source: UploadSource, start: int, length: int,
-                 crc: int | None = None) -> None:
+    def __init__(self, source: UploadSource, start: int, length: int) -> None:
         super().__init__()
         self._source = source
         self._start = start
@@ -67,16 +61,13 @@ class CachePartBody(io.RawIOBase):
         self._buf_pos = 0
         self._crc: int | None = 0
         self._crc_pos = 0
-        self._crc_done: int | None = crc
-        self._declared = crc is not None
+        self._crc_done: int | None = None
 
     @property
     def sent_crc(self) -> int | None:
         return self._crc_done
 
     def _hashed(self, data: bytes | memoryview, at: int) -> None:
-        if self._declared:
-            return
         if at == 0:
             self._crc, self._crc_pos = 0, 0
         if self._crc is None or at != self._crc_pos:

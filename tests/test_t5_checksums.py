@@ -5,20 +5,27 @@ journal's; the mount probes whether the endpoint checks, and status says so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
 import time
+import uuid
+from collections.abc import Iterator
 
 import boto3
 import crc32c
+import pytest
 import sqlite_utils
 from botocore.config import Config
-from mounting import cli
+from conftest import AUTH_ACCESS_KEY, AUTH_SECRET_KEY
+from faultproxy import FaultProxy
+from mounting import Mount, cli
 
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import MIGRATIONS, PendingFile
 from lakefs_mount.manifest import encode_crc
+from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
 VERIFIED = "crc32c (verified by S3)"
@@ -26,6 +33,8 @@ VERIFIED = "crc32c (verified by S3)"
 
 def _client(endpoint_url: str):  # S3's own view, for what the mount cannot tell
     return boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1",
+                        aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
                         config=Config(request_checksum_calculation="when_required",
                                       response_checksum_validation="when_required",
                                       s3={"addressing_style": "path"}))
@@ -40,18 +49,38 @@ def _wait_probed(m, timeout: float = 20.0) -> dict:
         time.sleep(0.1)
 
 
-def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(
-        mount_factory, fault_proxy, s3, s3_server) -> None:
-    """The proxy flips one byte in the 2nd UploadPart and in the small file's PutObject:
-    SeaweedFS answers BadDigest, the flusher sends them again, both objects end byte-
-    identical with S3's CRC-32C of the whole object (FULL_OBJECT for the multipart one),
-    status counts the retries and shows the checksum line, and the journal noted the
-    committed objects' CRCs."""
-    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
-    m = mount_factory("--part-size", "8M", "--commit-delay", "0",
-                      endpoint_url=fault_proxy.endpoint_url)
+@pytest.fixture
+def auth_setup(s3_auth_server, tmp_path, monkeypatch) -> Iterator[tuple]:
+    """A bucket of the server that checks credentials (SeaweedFS takes aws-chunked
+    trailers only from a known key), a fault proxy before it, and a mount through it."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AUTH_ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AUTH_SECRET_KEY)
+    bucket = f"c-{uuid.uuid4().hex[:16]}"
+    s3_auth_server.create_bucket(bucket)
+    store = S3ObjectStore(bucket, endpoint_url=s3_auth_server.endpoint_url,
+                          region="us-east-1", access_key=AUTH_ACCESS_KEY,
+                          secret_key=AUTH_SECRET_KEY)
+    with FaultProxy("127.0.0.1", s3_auth_server.port) as proxy:
+        proxy.parse_requests = True  # before the mount: every connection is parsed
+        m = Mount(tmp_path / "m", bucket, proxy.endpoint_url,
+                  options=("--part-size", "8M", "--commit-delay", "0"))
+        try:
+            m.start()
+            yield m, proxy, store, s3_auth_server
+        finally:
+            m.cleanup()
+
+
+def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(auth_setup) -> None:
+    """The proxy flips one byte in the 2nd UploadPart (its CRC in an aws-chunked
+    trailer) and in the small file's PutObject (in a header): SeaweedFS rejects both, the
+    flusher sends them again, both objects end byte-identical with S3's CRC-32C of the
+    whole object (FULL_OBJECT for the multipart one), status counts the retries and shows
+    the checksum line, and the journal noted the committed objects' CRCs."""
+    m, fault_proxy, s3, server = auth_setup
     status = _wait_probed(m)
     assert status["checksums"] == VERIFIED, status["checksums"]
+    assert "parts with an aws-chunked trailer" in m.log_tail(), m.log_tail()
     text = cli("status", str(m.path), check=True).stdout
     assert any(line.strip().startswith("checksums") and line.endswith(VERIFIED)
                for line in text.splitlines()), text
@@ -70,9 +99,9 @@ def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(
         got = s3.get(key)
         assert got is not None and got[1] == data, key
     assert m.status()["retries"] - before >= 2
-    assert m.log_tail(400).count("BadDigest") >= 2
+    assert m.log_tail(400).count("do not match their checksum") >= 2
 
-    client = _client(s3_server.endpoint_url)
+    client = _client(server.endpoint_url)
     head = client.head_object(Bucket=s3.bucket, Key="big.bin", ChecksumMode="ENABLED")
     assert head.get("ChecksumCRC32C") == encode_crc(crc32c.crc32c(big)), head
     assert head.get("ChecksumType") == "FULL_OBJECT", head
@@ -106,3 +135,42 @@ def test_a_journal_of_the_previous_schema_opens_and_keeps_its_upload(tmp_path) -
     j.mark_dirty(rec, [1])
     j.mark_uploaded(7, 1, "e1", 0x1234)
     assert j.part_crcs(7) == {1: 0x1234}
+
+
+def test_part_crcs_survive_a_crash_and_complete_the_upload_with_s3s_checksum(
+        mount_factory, s3, s3_server) -> None:
+    """Parts streamed while the file is still open note their CRC in the journal; kill -9,
+    remount: the kept parts complete the checksummed upload (S3 requires every part's
+    CRC), and the object carries the whole object's CRC-32C. (This server takes no
+    aws-chunked trailer from an unknown key: the parts' CRCs go in a header, hashed in a
+    first pass.)"""
+    m = mount_factory("--part-size", "8M")
+    assert _wait_probed(m)["checksums"] == VERIFIED
+    data = os.urandom(20 * MiB + 999)
+    journal = m.cache_dir / "journal.db"
+    f = open(m.path / "ckpt.bin", "wb", buffering=0)  # noqa: SIM115 (open across the crash)
+    try:
+        f.write(data)
+        deadline = time.monotonic() + 30
+        while True:  # the two full chunks stream as parts while the file is open
+            with sqlite3.connect(journal) as db:
+                kept = db.execute("SELECT idx, crc FROM chunks WHERE state='uploaded'"
+                                  " AND crc IS NOT NULL ORDER BY idx").fetchall()
+            if len(kept) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert kept == [(i, crc32c.crc32c(data[i * 8 * MiB:(i + 1) * 8 * MiB]))
+                        for i in range(2)], kept
+        m.kill9()
+    finally:
+        with contextlib.suppress(OSError):
+            f.close()
+    m.start()
+    done = m.flush()
+    assert done.returncode == 0, done.stderr + m.log_tail()
+    assert "kept 2 uploaded part(s)" in m.log_tail(400), m.log_tail()
+    got = s3.get("ckpt.bin")
+    assert got is not None and got[1] == data
+    head = _client(s3_server.endpoint_url).head_object(Bucket=s3.bucket, Key="ckpt.bin",
+                                                       ChecksumMode="ENABLED")
+    assert head.get("ChecksumCRC32C") == encode_crc(crc32c.crc32c(data)), head

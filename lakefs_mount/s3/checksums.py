@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import crc32c
@@ -60,25 +61,56 @@ class ChecksumUse:
         return {"algorithm": "crc32c" if self.send else None, "verified": self.verified}
 
 
-def probe(store: ObjectStore, prefix: str) -> bool | None:
-    """Whether the endpoint rejects a PutObject whose x-amz-checksum-crc32c is wrong
-    (blocking, in a worker thread): True rejected, False stored, None unknown (the
-    probe itself failed). The probe object is deleted whichever way it went."""
-    key = prefix + PROBE_KEY
-    body = os.urandom(64)
-    wrong = crc32c.crc32c(body) ^ 0xFFFFFFFF
+REJECTED = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch")
+
+
+class _Sent:
+    """A body as a PiecewiseBody, with the CRC it claims to have (for the trailer)."""
+
+    def __init__(self, data: bytes, sent_crc: int) -> None:
+        self.data, self.sent_crc = data, sent_crc
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[memoryview]:
+        yield memoryview(self.data)
+
+
+def _rejected(send: Callable[[], object]) -> bool | None:
+    """Whether S3 refused the request for its checksum (None: it failed otherwise)."""
     try:
-        store.put(key, body, {}, wrong)
+        send()
     except ObjectStoreError as exc:
-        if exc.code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
+        if exc.code in REJECTED:
             return True
         log.info("checksum probe of the endpoint failed: %s", exc)
         return None
+    return False
+
+
+def probe(store: ObjectStore, prefix: str) -> bool | None:
+    """Whether the endpoint rejects a PutObject whose x-amz-checksum-crc32c is wrong
+    (blocking, in a worker thread): True rejected, False stored, None unknown (the
+    probe itself failed). Where it does, whether it takes the checksum as an aws-chunked
+    trailer and checks that too: then `store.trailing_checksums` is set. The probe
+    object is deleted whichever way it went."""
+    key = prefix + PROBE_KEY
+    body = os.urandom(4096)  # (SeaweedFS answers IncompleteBody to a wrong trailer of 64)
+    good = crc32c.crc32c(body)
+    verified = _rejected(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF))
+    put_piecewise = getattr(store, "put_piecewise", None)
+    if verified and put_piecewise is not None:
+        wrong = _rejected(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True))
+        right = wrong and _rejected(lambda: put_piecewise(key, _Sent(body, good), True))
+        got = store.get(key) if right is False else None
+        if got is not None and got[1] == body:
+            store.trailing_checksums = True  # type: ignore[attr-defined]
     try:
         store.delete(key)
     except ObjectStoreError as exc:
         log.info("could not delete the checksum probe %s: %s", key, exc)
-    return False
+    return verified
 
 
 async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> None:
@@ -88,6 +120,11 @@ async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> N
     if not use.send:
         return
     with trio.move_on_after(PROBE_SECONDS):
-        use.verified = await trio.to_thread.run_sync(probe, store, prefix,
-                                                     abandon_on_cancel=True)
-    log.info("upload checksums: %s", use.describe())
+        try:
+            use.verified = await trio.to_thread.run_sync(probe, store, prefix,
+                                                         abandon_on_cancel=True)
+        except Exception as exc:  # (a probe never fails the mount)
+            log.warning("checksum probe of the endpoint failed: %s", exc)
+    log.info("upload checksums: %s%s", use.describe(),
+             ", parts with an aws-chunked trailer"
+             if getattr(store, "trailing_checksums", False) else "")

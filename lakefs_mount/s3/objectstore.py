@@ -83,7 +83,9 @@ class PendingUpload:
 class PiecewiseBody(Protocol):
     """A part body a store may send in the pieces it yields instead of reading it into
     one bytes object (a 16 MiB part then costs no 16 MiB of memory and no extra copies).
-    Each piece is valid only until the next is taken."""
+    Each piece is valid only until the next is taken. A body that also offers `sent_crc`
+    (the CRC-32C of what its last complete pass yielded) is not hashed again to send it
+    with its checksum."""
 
     def __len__(self) -> int: ...
 
@@ -149,10 +151,12 @@ class ObjectStore(Protocol):
         ...
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO, crc: int | None = None) -> str:
+                    body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
         """Returns the part's ETag; a file-like body is read from its current position,
         unless it is a PiecewiseBody that the store sends piece by piece instead.
-        `crc`: as for `put`."""
+        `checksum`: declare the body's CRC-32C, so that S3 rejects a body that does not
+        match (as a trailer taken while the body streams where the endpoint takes one,
+        else in a header, from a first pass over the body)."""
         ...
 
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,

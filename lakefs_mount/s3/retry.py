@@ -24,7 +24,8 @@ TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",
                              "RequestTimeout", "RequestTimeTooSkewed", "InternalError",
                              "ServiceUnavailable",
-                             "BadDigest"})  # a body corrupted on the way: send it again
+                             # a body corrupted on the way (a trailer's: Invalid-)
+                             "BadDigest", "InvalidDigest"})
 QUICK_ATTEMPTS = 3  # a lookup or a namespace change: transient failures only
 FIRST_DELAY = 0.2
 MAX_DELAY = 30.0

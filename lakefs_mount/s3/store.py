@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import boto3
 import botocore.exceptions as bce
 import botocore.session
+import crc32c
 from botocore.config import Config
 
 from lakefs_mount.manifest import encode_crc
@@ -39,6 +40,7 @@ from lakefs_mount.s3.replies import (
 )
 from lakefs_mount.s3.retry import retried
 from lakefs_mount.s3.timeouts import BASE_SECONDS, CONNECT_SECONDS, RequestTimeouts
+from lakefs_mount.s3.trailer import TrailedBody
 
 __all__ = ["S3ObjectStore", "MAX_COPY_OBJECT_SIZE", "COPY_PART_SIZE"]
 
@@ -77,6 +79,23 @@ def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: flo
     if "response_checksum_validation" in options:
         kwargs["response_checksum_validation"] = "when_required"
     return Config(**kwargs)
+
+
+def _crc_first(body: bytes | memoryview | BinaryIO) -> int:
+    """The CRC-32C of a body whose checksum goes in a header: a pass before sending it
+    (a file-like body is read from its position, then put back there)."""
+    if isinstance(body, bytes | memoryview):
+        return int(crc32c.crc32c(body))
+    crc = 0
+    if hasattr(body, "pieces"):
+        for piece in body.pieces():
+            crc = crc32c.crc32c(piece, crc)
+        return crc
+    start = body.tell()
+    while chunk := body.read(STREAM_PIECE):
+        crc = crc32c.crc32c(chunk, crc)
+    body.seek(start)
+    return crc
 
 
 class S3ObjectStore:
@@ -130,6 +149,9 @@ class S3ObjectStore:
         self._lean = LeanTransport(session, settings, self._client, bucket, region,
                                    max_pool, self.timeouts)
         self.max_attempts = max(1, max_attempts)  # per call, transient failures (`retry`)
+        # The endpoint takes a part's CRC-32C as an aws-chunked trailer and checks it
+        # (s3/checksums probes it): parts are then read once, not hashed first.
+        self.trailing_checksums = False
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
@@ -224,6 +246,16 @@ class S3ObjectStore:
         if crc is not None:
             headers[CRC_HEADER] = encode_crc(crc)
         return self._lean_put("PutObject", key, headers, data)
+
+    @retried
+    def put_piecewise(self, key: str, body: PiecewiseBody, checksum: bool = False) -> str:
+        """PutObject of a body sent piece by piece, its CRC-32C as a trailer with
+        `checksum` (the checksum probe; the lean path's own connections only)."""
+        if not self._lean.direct:
+            raise ObjectStoreError("a piecewise PUT needs a direct connection to S3")
+        trailed = TrailedBody(body) if checksum else None
+        return self._lean_put("PutObject", key, {} if trailed is None else trailed.headers,
+                              body if trailed is None else trailed)
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
                   body: bytes | PiecewiseBody, query: dict[str, str] | None = None) -> str:
@@ -323,13 +355,19 @@ class S3ObjectStore:
 
     @retried
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO, crc: int | None = None) -> str:
-        if hasattr(body, "pieces") and self._lean.direct:
+                    body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
+        query = {"partNumber": str(part_number), "uploadId": upload_id}
+        piecewise = hasattr(body, "pieces") and self._lean.direct
+        if piecewise and checksum and self.trailing_checksums:
+            trailed = TrailedBody(body)  # type: ignore[arg-type]
+            return self._lean_put("UploadPart", key, trailed.headers, trailed, query)
+        crc = _crc_first(body) if checksum else None  # (the header goes before the body)
+        if piecewise:
             # piece by piece as the body reads them: a fraction of the CPU of botocore,
             # which takes 16 KiB at a time, each sliced from a copy
             headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
             return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
-                                  {"partNumber": str(part_number), "uploadId": upload_id})
+                                  query)
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
         extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}
