@@ -88,6 +88,12 @@ def _crc_first(body: bytes | memoryview | BinaryIO) -> int:
         return int(crc32c.crc32c(body))
     crc = 0
     if hasattr(body, "pieces"):
+        if hasattr(body, "sent_crc"):  # it hashes what it yields (see PiecewiseBody)
+            for _ in body.pieces():
+                pass
+            inner: int | None = getattr(body, "sent_crc", None)
+            if inner is not None:
+                return inner
         for piece in body.pieces():
             crc = crc32c.crc32c(piece, crc)
         return crc

@@ -16,7 +16,8 @@ import crc32c
 from lakefs_mount.manifest import encode_crc
 from lakefs_mount.s3.objectstore import PiecewiseBody
 
-CHUNK = 1024 * 1024  # bytes of body per aws-chunk (the last one holds what is left)
+CHUNK = 64 * 1024 * 1024  # bytes of body per aws-chunk (the last one holds the rest): a
+# part is one chunk, so the framing costs no more sends than the body's own pieces
 TRAILER_NAME = "x-amz-checksum-crc32c"
 _TRAILER_BYTES = len(f"0\r\n{TRAILER_NAME}:{encode_crc(0)}\r\n\r\n")
 
