@@ -6,6 +6,7 @@ journal's; the mount probes whether the endpoint checks, and status says so."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import stat
@@ -108,6 +109,7 @@ def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(auth_setu
     head = client.head_object(Bucket=s3.bucket, Key="small.bin", ChecksumMode="ENABLED")
     assert head.get("ChecksumCRC32C") == encode_crc(crc32c.crc32c(small)), head
 
+    assert AUTH_SECRET_KEY not in json.dumps(m.status()) + m.log_tail(2000)
     with sqlite3.connect(m.cache_dir / "journal.db") as db:  # (WAL: a reader is fine)
         noted = dict(db.execute("SELECT key, crc FROM cached_files"))
     assert noted == {"big.bin": crc32c.crc32c(big), "small.bin": crc32c.crc32c(small)}, noted
@@ -174,3 +176,26 @@ def test_part_crcs_survive_a_crash_and_complete_the_upload_with_s3s_checksum(
     head = _client(s3_server.endpoint_url).head_object(Bucket=s3.bucket, Key="ckpt.bin",
                                                        ChecksumMode="ENABLED")
     assert head.get("ChecksumCRC32C") == encode_crc(crc32c.crc32c(data)), head
+
+
+def test_a_failed_probe_leaves_the_mount_working_with_checksums_unverified(
+        mount_factory, fault_proxy, s3) -> None:
+    """Every PUT is answered 500 while the mount starts and probes: the mount serves on,
+    status says the endpoint's checking is unknown, and files still go up (each with its
+    CRC in a header, multipart uploads without S3's stored checksum)."""
+    fault_proxy.parse_requests = True
+    fault_proxy.answer_share(500, "InternalError", 1.0, frozenset({"PUT"}))
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    deadline = time.monotonic() + 20
+    while "upload checksums:" not in m.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fault_proxy.answer_share(500, "InternalError", 0.0)
+    assert fault_proxy.answered >= 1
+    status = m.status()
+    assert status["checksums"] == "crc32c (whether this endpoint verifies it is unknown)"
+    data = os.urandom(9 * MiB)
+    (m.path / "f.bin").write_bytes(data)
+    done = m.flush()
+    assert done.returncode == 0, done.stderr + m.log_tail()
+    got = s3.get("f.bin")
+    assert got is not None and got[1] == data
