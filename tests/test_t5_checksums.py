@@ -26,6 +26,7 @@ from mounting import Mount, cli
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import MIGRATIONS, PendingFile
 from lakefs_mount.manifest import encode_crc
+from lakefs_mount.s3 import trailer
 from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
@@ -199,3 +200,35 @@ def test_a_failed_probe_leaves_the_mount_working_with_checksums_unverified(
     assert done.returncode == 0, done.stderr + m.log_tail()
     got = s3.get("f.bin")
     assert got is not None and got[1] == data
+
+
+class _Pieces:
+    """A piecewise body in pieces of `size` bytes (no CRC of its own)."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[memoryview]:
+        view = memoryview(self.data)
+        for at in range(0, len(self.data), self.size):
+            yield view[at:at + self.size]
+
+
+def test_trailed_bodies_of_any_shape_land_byte_identical(s3_auth_server, monkeypatch) -> None:
+    """aws-chunked framing with chunks of 1000 bytes: bodies shorter, equal to and longer
+    than a chunk, in pieces smaller and larger than one, reach SeaweedFS intact."""
+    monkeypatch.setattr(trailer, "CHUNK", 1000)
+    bucket = f"c-{uuid.uuid4().hex[:16]}"
+    s3_auth_server.create_bucket(bucket)
+    store = S3ObjectStore(bucket, endpoint_url=s3_auth_server.endpoint_url,
+                          region="us-east-1", access_key=AUTH_ACCESS_KEY,
+                          secret_key=AUTH_SECRET_KEY)
+    for size in (1, 999, 1000, 1001, 4500):
+        for piece in (7, 3000):
+            data = os.urandom(size)
+            store.put_piecewise(f"k{size}-{piece}", _Pieces(data, piece), True)
+            got = store.get(f"k{size}-{piece}")
+            assert got is not None and got[1] == data, (size, piece)
