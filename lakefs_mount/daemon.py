@@ -51,6 +51,7 @@ from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
 from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.checksums import probe_endpoint
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 from lakefs_mount.s3.stats import S3Stats, TimedStore
@@ -135,6 +136,7 @@ class Daemon:
         self.config = config
         self.metrics = m.Metrics()
         self.s3_stats = S3Stats()
+        self.plain_store = store  # (the checksum probe's, whose rejection is no error)
         self.store = AsyncStore(TimedStore(store, self.s3_stats), self.metrics,
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
@@ -210,6 +212,9 @@ class Daemon:
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
                     nursery.start_soon(resume_pending_commits, self)  # a crash left them
+                    if not config.read_only:
+                        nursery.start_soon(probe_endpoint, self.plain_store, config.prefix,
+                                           self.flusher.checksums)
                     if config.commit_on_rename:
                         nursery.start_soon(RenameCommits(self, config.commit_on_rename).run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",

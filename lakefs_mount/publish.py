@@ -196,7 +196,17 @@ class Publisher:
                 if cf.key.startswith(prefix) and not cf.pending and not cf.unlinked}
 
     async def _cached_crc(self, cf: CachedFile | None, head: ObjectInfo) -> int | None:
-        """The CRC-32C of `head`'s version from the cache file, if it holds all of it."""
+        """The CRC-32C of `head`'s version: noted when this cache committed it (from the
+        bytes the cache file sent, which S3 checked; in memory, else in the journal),
+        else from the cache file if it holds all of it."""
+        if cf is not None and not cf.pending and cf.size == head.size:
+            if cf.committed_crc is not None and cf.committed_crc[0] == head.etag:
+                return cf.committed_crc[1]
+            if cf.fid is not None:  # (a commit of an earlier mount of this cache)
+                journal = self.cache.journal
+                noted = await journal(journal.sync.cached_crc, cf.fid, head.etag)
+                if noted is not None:
+                    return int(noted)
         if (cf is None or cf.pending or cf.base_etag != head.etag or cf.size != head.size
                 or not self.cache.holds(cf, 0, cf.size)):
             return None

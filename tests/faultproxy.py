@@ -13,6 +13,10 @@ methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
 `requests_log` lists (method, target) of every request read on parsed connections, in the
 order they were forwarded (which request came after which).
+`corrupt_body(contains, nth)` flips one byte in the middle of the body of the nth next
+parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
+its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
+`corrupted` lists the targets so changed.
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
@@ -63,6 +67,8 @@ class FaultProxy:
         self._storm_rng = random.Random(0)
         self.requests_seen = 0  # requests read on parsed connections
         self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
+        self._corruptions: list[list] = []  # [method, substring of the target, nth]
+        self.corrupted: list[str] = []  # targets whose body had a byte flipped
         self._fail = False
         self._hang = False
         self._lock = threading.Lock()
@@ -173,6 +179,26 @@ class FaultProxy:
             self._storm = (status, code, share, methods) if share > 0 else None
             self._storm_rng = random.Random(seed)
 
+    def corrupt_body(self, contains: str, nth: int = 1, method: str = "PUT") -> None:
+        """Flip a byte in the body of the `nth` next request of `method` whose target
+        contains `contains`."""
+        with self._lock:
+            self._corruptions.append([method, contains, nth])
+
+    def _flip_at(self, method: str, target: str, length: int) -> int | None:
+        """Where to flip a byte of this request's body (the middle, counted from the
+        end: how many bytes are left from it on), if anywhere."""
+        with self._lock:
+            for i, wanted in enumerate(self._corruptions):
+                if wanted[0] == method and wanted[1] in target and length:
+                    wanted[2] -= 1
+                    if wanted[2]:
+                        return None
+                    del self._corruptions[i]
+                    self.corrupted.append(target)
+                    return length - length // 2
+        return None
+
     def _injected(self, method: str) -> tuple[int, str] | None:
         with self._lock:
             self.requests_seen += 1
@@ -241,6 +267,7 @@ class FaultProxy:
                 method, target = (lines[0].split(" ") + ["", ""])[:2]
                 with self._lock:
                     self.requests_log.append((method, target))
+                flip = None if answer is not None else self._flip_at(method, target, length)
                 if self._hang:  # swallowed: never forwarded, never answered
                     while client.recv(_CHUNK):
                         pass
@@ -258,6 +285,9 @@ class FaultProxy:
                             raise OSError("closed")
                     piece, buffered = buffered[:length], buffered[length:]
                     length -= len(piece)
+                    at = -1 if flip is None else length + len(piece) - flip
+                    if 0 <= at < len(piece):
+                        piece = piece[:at] + bytes([piece[at] ^ 0xFF]) + piece[at + 1:]
                     if answer is None:
                         upstream.sendall(piece)
                 if answer is not None:
