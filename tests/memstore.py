@@ -102,7 +102,7 @@ class MemoryObjectStore:
     def check_bucket(self) -> None:
         self._count("check_bucket")
 
-    def head(self, key: str) -> ObjectInfo | None:
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
         self._count("head")
         with self._lock:
             obj = self.objects.get(key)

@@ -64,6 +64,9 @@ class ObjectInfo:
     etag: str  # without quotes
     mtime: float  # LastModified as a POSIX timestamp
     metadata: dict[str, str] = field(default_factory=dict)  # user metadata, lower-case names
+    # S3's CRC-32C of the whole object as x-amz-checksum-crc32c writes it (base64), where it
+    # keeps one and was asked for it (head(checksum=True)); None for a composite "...-N"
+    crc32c: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,10 @@ class ObjectStore(Protocol):
         """Raise NoSuchBucket / AccessDenied / EndpointUnreachable with a clear message."""
         ...
 
-    def head(self, key: str) -> ObjectInfo | None:
-        """Size, ETag and user metadata of `key`, or None if it does not exist."""
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
+        """Size, ETag and user metadata of `key`, or None if it does not exist. `checksum`:
+        ask for S3's stored checksum too (ChecksumMode ENABLED: only `verify` does, since
+        on AWS it needs kms:Decrypt for KMS-encrypted objects)."""
         ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

@@ -199,10 +199,12 @@ class S3ObjectStore:
     # ------------------------------------------------------------------ objects
 
     @retried
-    def head(self, key: str) -> ObjectInfo | None:
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
         try:
             with self._errors("HeadObject", key):
-                response = self._lean.send("HeadObject", "HEAD", key)
+                response = self._lean.send(
+                    "HeadObject", "HEAD", key,
+                    headers={"x-amz-checksum-mode": "ENABLED"} if checksum else None)
                 response.raw.release_conn()
         except NoSuchKey:
             return None
