@@ -262,8 +262,12 @@ class Bench:
         self.log(f"bucket {self.bucket} mounted")
 
     def close_phase(self) -> None:
-        for target in self.targets().values():
-            target.stop()
+        for name, target in self.targets().items():
+            if name not in self.peers:
+                target.stop()
+            elif not self.guarded(f"stop {name}", lambda t=target: t.stop() or True,
+                                  peer=True):
+                target.kill()  # a peer that cannot stop cleanly (a file it never uploaded)
             shutil.rmtree(target.cache_dir, ignore_errors=True)
         for target in self.peers.values():
             shutil.rmtree(target.root, ignore_errors=True)
@@ -302,12 +306,10 @@ class Bench:
         """After a hung point: abort every mount's FUSE connection (its daemon and the
         ranks may wait on each other in the kernel), new rank processes, fresh mounts."""
         self.kill_mounts()
-        self.pool.close(wait=5)
-        self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
         for target in self.targets().values():
             shutil.rmtree(target.cache_dir, ignore_errors=True)
             target.start()
-        self.warm_up()
+        self.reset_ranks()
 
     def guarded(self, what: str, fn: Any, *args: Any, peer: bool = False) -> Any:
         """Run one point; an error (not a data error of lakefs-mount) is reported and the
@@ -334,7 +336,15 @@ class Bench:
                 self.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[-600:]}")
                 self.log(f"ERROR {what}: {exc}")
                 traceback.print_exc()
+            self.reset_ranks()
         return None
+
+    def reset_ranks(self) -> None:
+        """New rank processes after a failed point: a rank may have died (a DCP load that
+        failed in its gloo group), or the others' replies are still unread in the pipes."""
+        self.pool.close(wait=5)
+        self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
+        self.warm_up()
 
     def peer_failed(self, what: str, exc: Exception) -> None:
         self.notes.append(f"{what}: FAILED (a peer's failure, not this run's error): "

@@ -403,7 +403,7 @@ class RcloneTarget(Target):
                     "vfs/stats"], timeout=30)
         return json.loads(out.stdout)
 
-    def durable(self, timeout: float = 300) -> None:
+    def durable(self, timeout: float = 120) -> None:
         """rclone has no flush: wait until its upload queue is empty *and* every file of the
         mount is an object of the same size in the bucket (the queue can look empty for a
         moment right after close()). A file rclone failed to upload (its log says why)
