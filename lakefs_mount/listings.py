@@ -212,7 +212,7 @@ class Listed(Tree):
         elif lenient and self.s3_slow():
             answered = listing.done.is_set()
         else:
-            answered = await self._first_listing_answered(listing)
+            answered = await self.answered_while_alive(listing)
         if not answered:
             waited = trio.current_time() - listing.started
             if not dir_inode.listed_at and not lenient:
@@ -235,15 +235,16 @@ class Listed(Tree):
                         listing.error)
         dir_inode.unlistable_at = time.monotonic()
 
-    async def _first_listing_answered(self, listing: UnderWay) -> bool:
-        """Wait for the first listing of a directory while S3 shows signs of life: S3 may
-        take long to list a huge one (and a lookup answering before it could hide a name
-        S3 has), so past a lookup's patience a HEAD asks whether S3 answers at all; one
-        unanswered within the patience too makes S3 count as slow."""
+    async def answered_while_alive(self, work: UnderWay) -> bool:
+        """Wait for `work` while S3 shows signs of life: where answering without S3 could
+        be wrong (a name hidden in a directory never listed, a symlink served as a file),
+        a healthy S3 gets the time it takes (a huge listing, a GET on a slow link). Past
+        a lookup's patience a HEAD asks whether S3 answers at all; if that goes
+        unanswered for the patience too, S3 counts as slow and False says so."""
         patience = self._recent_patience()
-        with trio.move_on_at(listing.started + patience):
-            await listing.done.wait()
-        if listing.done.is_set():
+        with trio.move_on_at(work.started + patience):
+            await work.done.wait()
+        if work.done.is_set():
             return True
         probe = self._probe
         if probe is None or probe.done.is_set():  # (one under way at a time, in a black hole)
@@ -253,10 +254,10 @@ class Listed(Tree):
             await probe.done.wait()
         if probe.done.is_set() and (probe.error is None  # any answer of S3's is a sign of life
                                     or getattr(probe.error, "status", None) is not None):
-            await listing.done.wait()
+            await work.done.wait()
             return True
         self.s3_was_slow()
-        return listing.done.is_set()
+        return work.done.is_set()
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)

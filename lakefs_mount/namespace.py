@@ -23,7 +23,7 @@ from lakefs_mount.listings import Listed, UnderWay
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs
-from lakefs_mount.s3.objectstore import ObjectInfo
+from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 
 __all__ = ["ROOT_INO", "SMALL_OBJECT_MAX", "Inode", "Kind", "Namespace", "kind_of",
            "valid_name"]
@@ -72,10 +72,14 @@ class Namespace(Listed):
                 self._from_listing(inode, "S3 is not answering")
                 return
             load = self._start_head(inode, with_body)
-        if await self.within_patience(load) and load.error is None:
+        answered = load.done.is_set() if self.s3_slow() else (
+            await self.answered_while_alive(load))
+        if answered and load.error is None:
             return
-        if load.error is not None:
-            self.s3_was_slow()
+        if load.error is not None:  # S3 said no (403), or the cache failed: as before
+            if not (isinstance(load.error, ObjectStoreError) and load.error.transient):
+                raise load.error
+            self.s3_was_slow()  # (refused, timed out, 503s: S3 is in trouble)
         self._from_listing(inode, load.error or f"no answer in "
                            f"{trio.current_time() - load.started:.2f} s")
 
@@ -215,13 +219,14 @@ class Namespace(Listed):
         todo = [self.inodes[ino] for ino in dir_inode.children.values()
                 if ino in self.inodes and not self.inodes[ino].headed
                 and self.inodes[ino].file is not None]
-        if not todo or dir_inode.indexed_at == dir_inode.listed_at:
-            return todo  # (the indexes were read since the last listing)
+        if (not todo or dir_inode.indexed_at == dir_inode.listed_at  # (read since then)
+                or patient and self.s3_slow()):
+            return todo
         dir_inode.indexed_at, before = dir_inode.listed_at, dir_inode.indexed_at
         load = self.in_background(lambda: self.index.load(self.key_of(dir_inode)))
         if not patient:
             await load.done.wait()
-        elif self.s3_slow() or not await self.within_patience(load):
+        elif not await self.answered_while_alive(load):
             dir_inode.indexed_at = before
             return todo
         if load.error is not None:
