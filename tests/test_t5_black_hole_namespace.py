@@ -137,6 +137,7 @@ def test_a_listed_file_whose_attributes_were_never_read_answers_from_the_listing
     big = os.urandom(300_000)  # above the size a lookup fetches whole
     s3.put("data/shard-0.bin", big, meta)
     s3.put("data/shard-1.bin", b"x" * 100, meta)
+    s3.put("data/latest", b"shard-0.bin", {"symlink": "1"})  # a symlink s3fs-style
     m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
     assert not (m.path / "data" / "absent").exists()  # lists data/, reads no attributes
     fault_proxy.hang = True
@@ -145,12 +146,13 @@ def test_a_listed_file_whose_attributes_were_never_read_answers_from_the_listing
         first = os.stat(m.path / "data" / "shard-0.bin")
         took = time.monotonic() - started
         second = os.stat(m.path / "data" / "shard-1.bin")
+        link = os.lstat(m.path / "data" / "latest")
         took_all = time.monotonic() - started
     finally:
         fault_proxy.hang = False
     assert took < 3.0 and took_all < 3.0, (took, took_all, m.log_tail())
     assert (first.st_size, second.st_size) == (300_000, 100)
-    assert stat.S_ISREG(first.st_mode)
+    assert stat.S_ISREG(first.st_mode) and stat.S_ISREG(link.st_mode)  # (S3 cannot say)
     assert abs(first.st_mtime - time.time()) < 600  # the listing's LastModified
     assert m.log_tail(200).count("answered from the listing") == 1, m.log_tail()
 
@@ -163,6 +165,17 @@ def test_a_listed_file_whose_attributes_were_never_read_answers_from_the_listing
         time.sleep(0.5)
     assert metadata_landed(), m.log_tail()
     assert (m.path / "data" / "shard-0.bin").read_bytes() == big
+
+    def is_a_symlink() -> bool:  # (its name gets a new inode: the old one's type is wrong)
+        try:
+            return os.readlink(m.path / "data" / "latest") == "shard-0.bin"
+        except OSError:
+            return False
+
+    while not is_a_symlink() and time.monotonic() < deadline + 15:
+        time.sleep(0.5)
+    assert is_a_symlink(), m.log_tail()
+    assert (m.path / "data" / "latest").read_bytes() == big
 
 
 def test_ls_and_rmdir_of_a_directory_never_listed_fail_fast_in_a_black_hole(
