@@ -13,6 +13,9 @@ methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
 `requests_log` lists (method, target) of every request read on parsed connections, in the
 order they were forwarded (which request came after which).
+`hold_requests(match)` is a black hole for some requests only (those for which
+`match(method, target)` is true, on parsed connections: a listing that never ends while
+S3 answers everything else); `hold_requests(None)` resets the connections it held.
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
@@ -59,6 +62,8 @@ class FaultProxy:
         self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
         self._fail = False
         self._hang = False
+        self._hold: Callable[[str, str], bool] | None = None
+        self._held: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -98,6 +103,16 @@ class FaultProxy:
         was, self._hang = self._hang, value
         if was and not value:
             self._kill_connections()
+
+    def hold_requests(self, match: Callable[[str, str], bool] | None) -> None:
+        """Swallow the requests (method, target) that `match`es from now on, on
+        connections made with `parse_requests`; None resets those it held."""
+        self._hold = match
+        if match is None:
+            with self._lock:
+                held, self._held = list(self._held), set()
+            for sock in held:
+                _reset(sock)
 
     def _kill_connections(self) -> None:
         with self._lock:
@@ -210,7 +225,11 @@ class FaultProxy:
                 method, target = (lines[0].split(" ") + ["", ""])[:2]
                 with self._lock:
                     self.requests_log.append((method, target))
-                if self._hang:  # swallowed: never forwarded, never answered
+                hold = self._hold
+                if hold is not None and hold(method, target):
+                    with self._lock:
+                        self._held.add(client)
+                if self._hang or client in self._held:  # swallowed: never answered
                     while client.recv(_CHUNK):
                         pass
                     raise OSError("closed")

@@ -10,6 +10,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 import time
 
 import pytest
@@ -213,3 +214,27 @@ def test_ls_and_rmdir_of_a_directory_never_listed_fail_fast_in_a_black_hole(
     os.rmdir(m.path / "empty")
     assert m.flush().returncode == 0, m.log_tail()
     assert s3.head("empty/") is None and s3.head("old/ckpt-0/model.pt") is not None
+
+
+def test_a_lookup_in_a_directory_never_listed_waits_for_a_slow_listing_while_s3_answers(
+        mount_factory, s3, fault_proxy):
+    """A huge directory may take S3 seconds to list: while S3 answers the rest (the HEAD
+    that asks whether it answers at all), a lookup there waits for the listing instead
+    of answering ENOENT from what the mount knows (which a create would take as a new
+    name, replacing the object)."""
+    s3.put("huge/shard-7.bin", b"seven", {})
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    assert "huge" in os.listdir(m.path)  # known by name, never listed
+    fault_proxy.hold_requests(lambda method, target: "list-type=2" in target
+                              and "prefix=huge%2F" in target)
+    release = threading.Timer(4.0, fault_proxy.hold_requests, [None])
+    release.start()
+    try:
+        started = time.monotonic()
+        body = (m.path / "huge" / "shard-7.bin").read_bytes()
+        took = time.monotonic() - started
+    finally:
+        release.join()
+    assert body == b"seven"
+    assert took >= 3.5, took  # it waited for the listing (held 4 s), not a moment
