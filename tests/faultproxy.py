@@ -17,6 +17,9 @@ order they were forwarded (which request came after which).
 parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
 its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
 `corrupted` lists the targets so changed.
+`hold_requests(match)` is a black hole for some requests only (those for which
+`match(method, target)` is true, on parsed connections: a listing that never ends while
+S3 answers everything else); `hold_requests(None)` resets the connections it held.
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
@@ -71,11 +74,13 @@ class FaultProxy:
         self.corrupted: list[str] = []  # targets whose body had a byte flipped
         self._fail = False
         self._hang = False
+        self._hold: Callable[[str, str], bool] | None = None
+        self._held: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._held: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
+        self._delayed: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
         self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -112,6 +117,16 @@ class FaultProxy:
         was, self._hang = self._hang, value
         if was and not value:
             self._kill_connections()
+
+    def hold_requests(self, match: Callable[[str, str], bool] | None) -> None:
+        """Swallow the requests (method, target) that `match`es from now on, on
+        connections made with `parse_requests`; None resets those it held."""
+        self._hold = match
+        if match is None:
+            with self._lock:
+                held, self._held = list(self._held), set()
+            for sock in held:
+                _reset(sock)
 
     def _kill_connections(self) -> None:
         with self._lock:
@@ -218,19 +233,19 @@ class FaultProxy:
         """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
         each before forwarding them, or until `release_keys()`."""
         with self._lock:
-            self._held[prefix] = (seconds, threading.Event())
+            self._delayed[prefix] = (seconds, threading.Event())
 
     def release_keys(self) -> None:
         """Forward the held requests now, and hold no more."""
         with self._lock:
-            held, self._held = self._held, {}
+            held, self._delayed = self._delayed, {}
         for _, released in held.values():
             released.set()
 
-    def _hold(self, target: str) -> None:
+    def _delay_if_held(self, target: str) -> None:
         key = unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
         with self._lock:
-            hold = next((h for p, h in self._held.items() if key.startswith(p)), None)
+            hold = next((h for p, h in self._delayed.items() if key.startswith(p)), None)
             if hold is not None:
                 self.requests_held += 1
         if hold is not None:
@@ -268,12 +283,16 @@ class FaultProxy:
                 with self._lock:
                     self.requests_log.append((method, target))
                 flip = None if answer is not None else self._flip_at(method, target, length)
-                if self._hang:  # swallowed: never forwarded, never answered
+                hold = self._hold
+                if hold is not None and hold(method, target):
+                    with self._lock:
+                        self._held.add(client)
+                if self._hang or client in self._held:  # swallowed: never answered
                     while client.recv(_CHUNK):
                         pass
                     raise OSError("closed")
                 if answer is None:
-                    self._hold(target)
+                    self._delay_if_held(target)
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
                     self._answer(client, *answer, close=True)  # instead of 100 Continue
