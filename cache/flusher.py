@@ -204,6 +204,10 @@ class Flusher:
             result: object = await self.store.retrying(
                 what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
                 max_attempts=COMMIT_ATTEMPTS)
+        except NoSuchUpload:
+            # most often a rename's abort of the upload this request was part of: not a
+            # failure of the file (_forget_upload counts one where its upload vanished)
+            raise
         except Exception:
             cf.error_streak += 1
             cf.error_count += 1
@@ -254,6 +258,10 @@ class Flusher:
         if cf.upload_id != upload_id:
             return
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
+        cf.error_streak += 1
+        cf.error_count += 1
+        _note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
+                        f"expired behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.upload_id = cf.upload_key = None
         cf.upload_checksum = False
