@@ -60,9 +60,11 @@ class CachedFile:
     base_key: str | None = None  # committed object the clean bytes come from
     base_size: int = 0
     base_etag: str | None = None
+    committed_crc: tuple[str, int] | None = None  # (ETag, CRC-32C) of its last commit
     s3_meta: dict[str, str] | None = None  # user metadata of the base, when known
     upload_id: str | None = None
     upload_key: str | None = None
+    upload_checksum: bool = False  # upload_id's Complete needs every part's CRC-32C
     symlink: str | None = None
     rdev: int = 0  # device number of a character or block device
     chunks: dict[int, Chunk] = field(default_factory=dict)

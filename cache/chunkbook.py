@@ -7,7 +7,7 @@ evictable (clean) chunks stay exact. Writers wait here while dirty data is over
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import trio
@@ -35,6 +35,8 @@ class ChunkBook:
         self._dirty_changed = trio.Condition()
         self.fresh: dict[tuple[CachedFile, int], Fresh] = {}
         self.evict_wanted = trio.Event()  # set when the cache is over its budget
+        # told of each chunk whose bytes reached S3 (upload rates per directory, status)
+        self.on_uploaded: Callable[[CachedFile, int], None] | None = None
 
     def held(self, cf: CachedFile, idx: int) -> int:
         return self.parts.held_bytes(idx, max(cf.size, cf.base_size))
@@ -94,6 +96,8 @@ class ChunkBook:
         if was_dirty != dirty:
             self._account(ch.held if dirty else -ch.held)
             ch.dirty_since = trio.current_time() if dirty else None
+            if state is ChunkState.UPLOADED and self.on_uploaded is not None:
+                self.on_uploaded(cf, ch.held)
 
     def chunk_committed(self, cf: CachedFile, idx: int) -> None:
         """A pending chunk reached S3 as part of a committed object: it is clean now."""

@@ -5,6 +5,8 @@ follow the fixed chunk mapping, so a chunk written again is simply uploaded agai
 Unchanged ranges of an object that existed before are copied server-side
 (UploadPartCopy). Every S3 call is retried with backoff; dirty data is never dropped.
 Memory is bounded: each of at most `concurrency` uploads holds one 1 MiB piece of its part.
+Every part and object declares the CRC-32C of its bytes (s3/checksums), taken by the
+sending thread from the bytes it reads out of the cache file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import crc32c
 import trio
 
 from lakefs_mount import metrics as m
@@ -30,6 +33,8 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
+from lakefs_mount.manifest import crc32c_combine
+from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
@@ -95,6 +100,7 @@ class Flusher:
         self._nursery: trio.Nursery | None = None
         self.on_committed = on_committed  # an object is now in S3 (its directory's index)
         self.gate = gate
+        self.checksums = ChecksumUse.from_environment()  # the probe: whether S3 checks
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -198,6 +204,10 @@ class Flusher:
             result: object = await self.store.retrying(
                 what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
                 max_attempts=COMMIT_ATTEMPTS)
+        except NoSuchUpload:
+            # most often a rename's abort of the upload this request was part of: not a
+            # failure of the file (_forget_upload counts one where its upload vanished)
+            raise
         except Exception:
             cf.error_streak += 1
             cf.error_count += 1
@@ -218,12 +228,17 @@ class Flusher:
                 key = cf.key
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.intend_upload, cf.fid, key)
+                # S3 keeps the whole object's CRC-32C only if every part has one: not
+                # where parts may be copied from a base object (UploadPartCopy)
+                checksum = self.checksums.full_object and cf.base_key is None
                 upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
-                                           self._metadata(cf))
+                                           self._metadata(cf), checksum)
                 assert isinstance(upload_id, str) and cf.fid is not None
                 cf.upload_id, cf.upload_key = upload_id, key
-                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key)
+                cf.upload_checksum = checksum
+                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
+                                   checksum)
             return cf.upload_key, cf.upload_id
 
     async def _forget_upload(self, cf: CachedFile) -> None:
@@ -243,8 +258,13 @@ class Flusher:
         if cf.upload_id != upload_id:
             return
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
+        cf.error_streak += 1
+        cf.error_count += 1
+        _note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
+                        f"expired behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.upload_id = cf.upload_key = None
+        cf.upload_checksum = False
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
@@ -307,7 +327,7 @@ class Flusher:
             self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
             ch.etag, ch.length, ch.sent_crc = str(etag), end - start, crc
             assert cf.fid is not None
-            await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag))
+            await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag), crc)
         elif ch.state is ChunkState.UPLOADING:
             self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
         ch.settled.set()
@@ -316,22 +336,25 @@ class Flusher:
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
                          start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
-        (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent."""
+        (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
+        With checksums, the store declares that CRC to S3 (s3/checksums)."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
+        declare = self.checksums.send
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
                 return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
-                    key, upload_id, idx + 1, body)  # type: ignore[arg-type]
+                    key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
 
             etag = str(await self._s3(cf, what, send))
         return etag, bodies[-1].sent_crc
 
     async def _part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
-                               key: str, upload_id: str) -> tuple[int, str]:
-        """The ETag of part idx+1 holding bytes of chunk idx up to `size` (of `version`)."""
+                               key: str, upload_id: str) -> tuple[int, str, int | None]:
+        """The number, ETag and CRC-32C (None if not known) of part idx+1 holding bytes
+        of chunk idx up to `size` (of `version`)."""
         start, end = self.parts.chunk_range(idx)
         end = min(end, size)
         while True:
@@ -340,9 +363,10 @@ class Flusher:
                 await ch.settled.wait()
                 continue
             if (ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start
+                    and (ch.sent_crc is not None or not cf.upload_checksum)
                     and not await self._stale(cf, idx, ch)):
                 assert ch.etag is not None
-                return idx + 1, ch.etag
+                return idx + 1, ch.etag, ch.sent_crc
             in_base = cf.base_key is not None and end <= cf.base_size
             if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
                 assert cf.base_key is not None
@@ -351,12 +375,12 @@ class Flusher:
                                           self.store.sync.upload_part_copy, key, upload_id,
                                           idx + 1, cf.base_key, start, end)
                 self.metrics[m.PARTS_COPIED] += 1
-                return idx + 1, str(etag)
+                return idx + 1, str(etag), None
             if cf.version != version or cf.unlinked:
                 raise CommitSuperseded  # what this part should hold is no longer cached
             if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
-                # A hole, a part of another length or of older bytes: the cached bytes go
-                # up as they are.
+                # A hole, a part of another length, of older bytes or of no known CRC in
+                # an upload that needs it: the cached bytes go up as they are.
                 await self.cache.mark_dirty(cf, [idx], None)
             await self._upload_chunk(cf, idx)
 
@@ -423,11 +447,13 @@ class Flusher:
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
         attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size
                       and cf.upload_id is None and cf.symlink is None)
+        crc: int | None = None  # of the new object, where known
         if cf.symlink is not None:
             body = cf.symlink.encode()
             size = len(body)  # the object's size, as listings show it (the index checks it)
+            crc = crc32c.crc32c(body) if self.checksums.send else None
             etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
-                                  cf.key, body, meta)
+                                  cf.key, body, meta, crc)
             self.metrics[m.OBJECTS_PUT] += 1
             committed: list[int] = []
         elif attrs_only and size > 0:
@@ -435,16 +461,23 @@ class Flusher:
                                   cf.key, cf.key, meta)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
             committed = []
+            if cf.committed_crc is not None and cf.committed_crc[0] == cf.base_etag:
+                crc = cf.committed_crc[1]  # the same bytes
         elif nchunks <= 1:
             if cf.upload_id is not None:
                 await self._abort_upload(cf)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
             key = cf.key
+            declare = self.checksums.send
+            crcs: list[int] = []
             async with self._slots, self.cache.part_reader(cf, 0, size) as source:
                 def put() -> str:  # the file is read here too, not in the trio loop
-                    return self.store.sync.put(key, source.read(0, size), meta)
+                    data = source.read(0, size)
+                    crcs[:] = [crc32c.crc32c(data)] if declare else []
+                    return self.store.sync.put(key, data, meta, crcs[0] if crcs else None)
 
                 etag = await self._s3(cf, f"PutObject {key}", put)
+            crc = crcs[0] if crcs else None
             self.metrics[m.OBJECTS_PUT] += 1
             self.metrics[m.BYTES_UPLOADED] += size
             committed = []
@@ -454,12 +487,12 @@ class Flusher:
                     committed.append(i)
         else:
             key, upload_id = await self._ensure_upload(cf)
-            results: dict[int, str] = {}
+            results: dict[int, tuple[str, int | None]] = {}
 
             async def one(idx: int) -> None:
-                number, etag = await self._part_for_commit(cf, idx, size, version, key,
-                                                           upload_id)
-                results[number] = etag
+                number, etag, part_crc = await self._part_for_commit(cf, idx, size, version,
+                                                                     key, upload_id)
+                results[number] = etag, part_crc
 
             try:
                 async with trio.open_nursery() as nursery:
@@ -467,12 +500,17 @@ class Flusher:
                         nursery.start_soon(one, idx)
             except ExceptionGroup as group:  # NoSuchUpload, CommitSuperseded: see the caller
                 raise group.exceptions[0] from group
-            parts = sorted(results.items())
+            parts = [(n, etag) for n, (etag, _) in sorted(results.items())]
+            crc = self._full_crc([c for _, (_, c) in sorted(results.items())], size)
+            listed = ([c for _, (_, c) in sorted(results.items())]  # (all known: see above)
+                      if cf.upload_checksum else None)
             etag = await self._s3(cf, f"CompleteMultipartUpload {key}",
-                                  self.store.sync.complete_multipart, key, upload_id, parts)
+                                  self.store.sync.complete_multipart, key, upload_id, parts,
+                                  listed, crc if cf.upload_checksum else None)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
             cf.upload_id = cf.upload_key = None
+            cf.upload_checksum = False
             if key != cf.key:  # renamed while its upload was open
                 etag = await self._s3(cf, f"CopyObject {key}", self.store.sync.copy,
                                       key, cf.key, None)
@@ -483,12 +521,13 @@ class Flusher:
             self.cache.chunk_committed(cf, i)
         self._uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
+        cf.committed_crc = None if crc is None else (str(etag), crc)
         cf.s3_meta = meta
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
-                                  cf.key, size, seen_gen, self.cache.clean_note(cf))
+                                  cf.key, size, seen_gen, self.cache.clean_note(cf), crc)
         # An intent that raced with finish_commit kept (or re-created) the row.
         cf.in_journal = kept or cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
@@ -499,6 +538,16 @@ class Flusher:
         self.metrics[m.FILES_COMMITTED] += 1
         self.on_committed(cf)
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
+
+    def _full_crc(self, crcs: list[int | None], size: int) -> int | None:
+        """The whole object's CRC-32C from its parts' (None unless all are known)."""
+        total = 0
+        for idx, part_crc in enumerate(crcs):
+            if part_crc is None:
+                return None
+            start, end = self.parts.chunk_range(idx)
+            total = crc32c_combine(total, part_crc, min(end, size) - start)
+        return total
 
     async def _base_vanished(self, cf: CachedFile) -> bool:
         """The object holding the unchanged bytes is gone: deleted (an unlink that crashed
@@ -523,6 +572,7 @@ class Flusher:
                        self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await self.journal(self.journal.sync.end_upload, cf.upload_id)
         cf.upload_id = cf.upload_key = None
+        cf.upload_checksum = False
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
@@ -532,4 +582,5 @@ class Flusher:
             "uploads_in_flight": self.demand.in_flight,
             "files_committing": len(self._committing),
             "parts_queued": len(self._part_queue),
+            "checksums": self.checksums.describe(),
         }

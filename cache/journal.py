@@ -235,24 +235,31 @@ class Journal:
                 [(fid, i, CHUNK_DIRTY) for i in indices],
             )
 
-    def mark_uploaded(self, fid: int, idx: int, etag: str) -> None:
+    def mark_uploaded(self, fid: int, idx: int, etag: str, crc: int | None = None) -> None:
         self._conn.execute(
-            "UPDATE chunks SET state=?, etag=? WHERE fid=? AND idx=?",
-            (CHUNK_UPLOADED, etag, fid, idx),
+            "UPDATE chunks SET state=?, etag=?, crc=? WHERE fid=? AND idx=?",
+            (CHUNK_UPLOADED, etag, crc, fid, idx),
         )
 
     def chunks(self, fid: int) -> dict[int, tuple[str, str | None]]:
         rows = self._conn.execute("SELECT idx, state, etag FROM chunks WHERE fid=?", (fid,))
         return {idx: (state, etag) for idx, state, etag in rows}
 
+    def part_crcs(self, fid: int) -> dict[int, int]:
+        """Chunk index -> CRC-32C of its uploaded part, where the journal has it."""
+        rows = self._conn.execute(
+            "SELECT idx, crc FROM chunks WHERE fid=? AND state=? AND crc IS NOT NULL",
+            (fid, CHUNK_UPLOADED))
+        return {idx: crc for idx, crc in rows}
+
     def forget_uploads(self, fid: int) -> None:
         """The upload is gone: its parts must be sent again, so they are dirty again."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute(
-                "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
-            self._conn.execute(
-                "UPDATE files SET upload_id=NULL, upload_key=NULL WHERE fid=?", (fid,))
+                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+            self._conn.execute("UPDATE files SET upload_id=NULL, upload_key=NULL,"
+                               " upload_checksum=0 WHERE fid=?", (fid,))
 
     def drop_chunks_from(self, fid: int, first_idx: int) -> None:
         """Chunks past a truncation no longer exist."""
@@ -260,18 +267,22 @@ class Journal:
 
     def finish_commit(self, fid: int, committed_idx: list[int], keep_file: bool,
                       base_key: str, base_size: int, seen_gen: int,
-                      clean: CleanNote | None = None) -> bool:
+                      clean: CleanNote | None = None, crc: int | None = None) -> bool:
         """After CompleteMultipartUpload/PutObject: drop what the new object holds.
 
         The file row goes only if no intent newer than `seen_gen` (the commit's start)
         reached the journal; returns whether the row is kept. `clean` replaces what was
         noted of the file's clean chunks (the new object is their base), in the same
-        transaction: a journal round trip per committed file less.
+        transaction: a journal round trip per committed file less; `crc` is the new
+        object's CRC-32C, noted with it.
         """
         with self._conn:
             self._conn.execute("BEGIN")
             if clean is not None:
                 self._replace_clean(*clean)
+                if crc is not None:
+                    self._conn.execute("UPDATE cached_files SET crc=? WHERE fid=?",
+                                       (crc, clean[0]))
             self._conn.executemany(
                 "DELETE FROM chunks WHERE fid=? AND idx=? AND state=?",
                 [(fid, i, CHUNK_UPLOADED) for i in committed_idx],
@@ -284,10 +295,10 @@ class Journal:
                     self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
                     return False
             self._conn.execute(
-                "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL"
-                " WHERE fid=?", (base_key, base_size, fid))
+                "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL,"
+                " upload_checksum=0 WHERE fid=?", (base_key, base_size, fid))
             self._conn.execute(
-                "UPDATE chunks SET state=?, etag=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
             return True
 
     # -- multipart uploads ------------------------------------------------------------
@@ -297,14 +308,16 @@ class Journal:
         self._conn.execute("INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)",
                            (f"{INTENT}{fid}", key))
 
-    def start_upload(self, fid: int, upload_id: str, key: str) -> None:
+    def start_upload(self, fid: int, upload_id: str, key: str, checksum: bool = False) -> None:
+        """`checksum`: created with ChecksumAlgorithm CRC32C (see `upload_checksum`)."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute("DELETE FROM uploads WHERE upload_id=?", (f"{INTENT}{fid}",))
             self._conn.execute(
                 "INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)", (upload_id, key))
             self._conn.execute(
-                "UPDATE files SET upload_id=?, upload_key=? WHERE fid=?", (upload_id, key, fid))
+                "UPDATE files SET upload_id=?, upload_key=?, upload_checksum=? WHERE fid=?",
+                (upload_id, key, int(checksum), fid))
 
     def end_upload(self, upload_id: str) -> None:
         """The upload was completed or aborted."""
@@ -362,6 +375,12 @@ class Journal:
             self._conn.execute("BEGIN")
             self._conn.execute("DELETE FROM clean_chunks WHERE fid=?", (fid,))
             self._conn.execute("DELETE FROM cached_files WHERE fid=?", (fid,))
+
+    def cached_crc(self, fid: int, etag: str) -> int | None:
+        """The CRC-32C noted with the commit of the object version `etag` cached in fid."""
+        row = self._conn.execute("SELECT crc FROM cached_files WHERE fid=? AND etag=?",
+                                 (fid, etag)).fetchone()
+        return None if row is None else row[0]
 
     def rekey_cached(self, fid: int, key: str) -> None:
         self._conn.execute("UPDATE cached_files SET key=? WHERE fid=?", (key, fid))

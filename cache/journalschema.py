@@ -22,9 +22,13 @@ files      one row per file whose content or attributes are not yet committed in
                bring `chunks` in line with the cache file. A commit keeps a row while set.
   rdev         (v5) device number of a character or block device (mode says which);
                0 for every other file
+  upload_checksum  (v7) 1 = upload_id was created with ChecksumAlgorithm CRC32C (type
+               FULL_OBJECT): its Complete must give every part's CRC-32C
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
+  crc        (v7) CRC-32C of the uploaded part's bytes (sent as x-amz-checksum-crc32c);
+             NULL = not known (a part uploaded before v7, or with checksums off)
 uploads    every multipart upload this journal created and has not yet completed or
            aborted; one that no files row references is an orphan and is aborted at mount.
            upload_id LIKE 'intent:%' = CreateMultipartUpload was about to be sent for key:
@@ -32,6 +36,8 @@ uploads    every multipart upload this journal created and has not yet completed
            journal does not reference (the id S3 chose never reached the journal).
 cached_files  (v2) the clean bytes of object key@etag (size bytes) are cached in file fid;
            lets a remount reuse the warm cache. Ignored for fids that have a files row.
+  crc      (v7) CRC-32C of the whole object key@etag, as this mount uploaded it
+           (crc32c_combine of its parts); NULL = not known
 clean_chunks  (v2) which chunks of a cached_files row hold those bytes.
 name_ops   (v6) namespace changes not yet applied to S3, in the order they were made
            (`seq`): op 'dir' (PUT the directory marker `key`; arg = its attributes as
@@ -74,6 +80,7 @@ class PendingFile:
     rdev: int = 0
     intent_gen: int = 0  # how many intents the daemon had issued for the file
     passthrough: int = 0  # 1: the kernel may write the cache file directly
+    upload_checksum: int = 0  # 1: upload_id's Complete needs every part's CRC-32C
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
@@ -121,8 +128,15 @@ def _migrate_v6(db: sqlite_utils.Database) -> None:
                " step INTEGER NOT NULL DEFAULT 0)")
 
 
+def _migrate_v7(db: sqlite_utils.Database) -> None:
+    db.table("files").add_column("upload_checksum", int, not_null_default=0)
+    db.table("chunks").add_column("crc", int)
+    db.table("cached_files").add_column("crc", int)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6]
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6,
+    _migrate_v7]
 
 
 @dataclass

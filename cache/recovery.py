@@ -87,8 +87,10 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                     mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
                     base_size=rec.base_size or 0, upload_id=rec.upload_id,
                     upload_key=rec.upload_key, symlink=rec.symlink, rdev=rec.rdev,
-                    in_journal=True, intent_gen=rec.intent_gen)
+                    in_journal=True, intent_gen=rec.intent_gen,
+                    upload_checksum=bool(rec.upload_checksum))
     chunks = await journal(journal.sync.chunks, rec.fid)
+    crcs = await journal(journal.sync.part_crcs, rec.fid)
     remote_parts: dict[int, str] | None = None
     if cf.upload_id is not None and cf.upload_key is not None:
         try:
@@ -106,7 +108,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
         if (state == CHUNK_UPLOADED and remote_parts is not None
                 and remote_parts.get(idx + 1) == etag):
             cf.chunks[idx] = Chunk(ChunkState.UPLOADED, etag=etag,
-                                   length=min(end, cf.size) - start)
+                                   length=min(end, cf.size) - start, sent_crc=crcs.get(idx))
             report.uploaded_parts_kept += 1
         else:
             cf.chunks[idx] = Chunk(ChunkState.DIRTY)

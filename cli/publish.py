@@ -97,7 +97,8 @@ def commit(mountpoint: Path, path: str, expect_files: int | None, expect: tuple[
 def verify(ctx: click.Context, target: str, path: str | None, endpoint_url: str | None,
            region: str | None, profile: str | None, parallel: int, as_json: bool) -> None:
     """Check a committed checkpoint against its manifest: every object present with its
-    size, ETag and CRC32C (read back from S3), and no extra object.
+    size, ETag and CRC32C (S3's own stored CRC32C where it keeps the whole object's,
+    otherwise read back from S3), and no extra object.
 
     Either MOUNTPOINT PATH (through the mount's daemon) or s3://BUCKET/PREFIX (no mount
     needed; credentials as for `mount`).
@@ -161,7 +162,9 @@ def _report(report: dict[str, Any], as_json: bool) -> None:
         when = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at else ""
         click.echo(f"OK {where}: {count(report['files'], 'file')}, "
                    f"{human_bytes(report['bytes'])} match the manifest (committed{when} by "
-                   f"{by.get('user', '?')}@{by.get('host', '?')})")
+                   f"{by.get('user', '?')}@{by.get('host', '?')}; "
+                   f"{report.get('checked_by_s3', 0)} checked by S3's stored CRC32C, "
+                   f"{human_bytes(report.get('bytes_read', 0))} read back)")
 
 
 COMMANDS = [commit, verify]

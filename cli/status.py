@@ -29,6 +29,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("fuse_session", "FUSE session", str),
     ("passthrough", "passthrough", str),
     ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
+    ("checksums", "checksums", str),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
     ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),
     ("max_dirty", "max dirty", human_bytes),
@@ -60,10 +61,15 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
 ]
 
 
+# Shown in sections of their own below the table (see format_checkpoints).
+SECTIONS = ("checkpoints", "commits")
+
+
 def format_status(status: dict) -> str:
-    """A two-column table of the status dict; unknown keys follow, secrets never."""
+    """A two-column table of the status dict; unknown keys follow, secrets never; then
+    the pending uploads per top-level directory and the commits under way."""
     rows = []
-    known = set()
+    known = set(SECTIONS)
     for key, label, fmt in STATUS_ROWS:
         known.add(key)
         if label and key in status and status[key] is not None:
@@ -75,7 +81,29 @@ def format_status(status: dict) -> str:
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         rows.append((key.replace("_", " "), text))
     width = max((len(label) for label, _ in rows), default=0)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    table = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return "\n\n".join(filter(None, (table, format_checkpoints(status))))
+
+
+def format_checkpoints(status: dict) -> str:
+    """Per top-level directory (a checkpoint, as training jobs lay them out): its bytes
+    and files not yet in S3 and its upload rate; then the commits under way. Empty if
+    there is nothing of either."""
+    dirs: dict[str, dict] = status.get("checkpoints") or {}
+    commits: list[dict] = status.get("commits") or []
+    lines = []
+    if dirs:
+        rows = [("directory", "pending", "files", "uploaded/s")] + [
+            (name, human_bytes(d["pending_bytes"]), str(d["pending_files"]),
+             "-" if d.get("upload_rate") is None else f"{human_bytes(d['upload_rate'])}/s")
+            for name, d in dirs.items()]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines += [f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c:>{widths[2]}}  {d}".rstrip()
+                  for a, b, c, d in rows]
+    if commits:
+        lines += ["", "commits under way"] if lines else ["commits under way"]
+        lines += [f"{c['path']}  {c['stage']} (for {c['for_s']:g} s)" for c in commits]
+    return "\n".join(lines)
 
 
 @click.command()

@@ -38,6 +38,7 @@ from lakefs_mount.config import (
 from lakefs_mount.control import ControlError, first_cause, serve_control
 from lakefs_mount.dirattrs import open_dir_attrs
 from lakefs_mount.dirindex import parent_dir_key
+from lakefs_mount.dirprogress import DirProgress
 from lakefs_mount.fs import FileSystem
 from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
@@ -50,6 +51,7 @@ from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
 from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.checksums import probe_endpoint
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 from lakefs_mount.s3.stats import S3Stats, TimedStore
@@ -134,6 +136,7 @@ class Daemon:
         self.config = config
         self.metrics = m.Metrics()
         self.s3_stats = S3Stats()
+        self.plain_store = store  # (the checksum probe's, whose rejection is no error)
         self.store = AsyncStore(TimedStore(store, self.s3_stats), self.metrics,
                                 max_threads=max(16, config.upload_concurrency * 2))
         self.journal = AsyncJournal(journal)
@@ -156,6 +159,7 @@ class Daemon:
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
         self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
         self.invalidations = Invalidations()  # remote changes the kernel is told of
+        self.dirs = DirProgress(config.prefix)  # per-checkpoint progress (status)
 
     async def run(self, report_ready: Callable[[str | None], None]) -> None:
         config = self.config
@@ -166,6 +170,7 @@ class Daemon:
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
                                       open_files=_cache_fd_budget())
+            self.cache.book.on_uploaded = self.dirs.uploaded
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
@@ -207,6 +212,9 @@ class Daemon:
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     nursery.start_soon(self._tune_kernel)
                     nursery.start_soon(resume_pending_commits, self)  # a crash left them
+                    if not config.read_only:
+                        nursery.start_soon(probe_endpoint, self.plain_store, config.prefix,
+                                           self.flusher.checksums)
                     if config.commit_on_rename:
                         nursery.start_soon(RenameCommits(self, config.commit_on_rename).run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
@@ -364,6 +372,7 @@ class Daemon:
             "s3_requests": self.s3_stats.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
+            **self.dirs.status(pending),  # per top-level directory; commits under way
         }
 
     def _s3_under_way(self) -> dict[str, Any]:

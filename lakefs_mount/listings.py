@@ -11,11 +11,13 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.dirindex import RESERVED_NAME
 from lakefs_mount.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
 from lakefs_mount.invalidations import Invalidations
 from lakefs_mount.namelog import NameLog
@@ -37,12 +39,15 @@ SLOW_FOR = 10.0  # after S3 was slow, names the mount knows answer at once for t
 
 
 @dataclass(eq=False)
-class ListingUnderWay:
-    """A listing of one directory under way (waiters share it)."""
+class UnderWay:
+    """S3 work running in a task of its own (a listing, attributes): waiters share it,
+    and may stop waiting while it goes on and lands later."""
 
     done: trio.Event = field(default_factory=trio.Event)
     started: float = field(default_factory=trio.current_time)
-    error: ObjectStoreError | None = None
+    error: Exception | None = None
+    result: Any = None
+
 
 
 class Listed(Tree):
@@ -61,10 +66,11 @@ class Listed(Tree):
         # GETs small objects whole at lookup (fetch_small_object).
         self.cache = cache
         self.ttl = ttl
-        self._listings: dict[int, ListingUnderWay] = {}  # directories being listed right now
+        self._listings: dict[int, UnderWay] = {}  # directories being listed right now
         self._nursery: trio.Nursery | None = None  # where listings run (run())
         self._slow_until = 0.0  # monotonic time until which S3 counts as slow
         self._list_seconds: deque[float] = deque(maxlen=RECENT_LISTINGS)  # S3's recent ones
+        self._probe: UnderWay | None = None  # a HEAD asking whether S3 answers at all
 
     # -- S3 listings ----------------------------------------------------------------
 
@@ -86,7 +92,7 @@ class Listed(Tree):
             task_status.started()
             await trio.sleep_forever()
 
-    async def _first_listing(self, listing: ListingUnderWay) -> None:
+    async def _first_listing(self, listing: UnderWay) -> None:
         """The root is listed at mount, while S3 answers: a lookup there during an outage
         answers from that listing after a moment instead of waiting for S3 (30 s for a
         directory never listed). It counts as expired at once: a name another node makes
@@ -99,6 +105,32 @@ class Listed(Tree):
         """Run `fn` in a task that outlives the request which starts it."""
         assert self._nursery is not None, "Namespace.run is not running"
         self._nursery.start_soon(fn, *args)
+
+    def in_background(self, fn: Callable[[], Awaitable[object]]) -> UnderWay:
+        """Run `fn` in a task of its own; its result or error goes to whoever waits
+        (a failure there must not end the daemon: the request that waits reports it)."""
+        work = UnderWay()
+
+        async def run_it() -> None:
+            try:
+                work.result = await fn()
+            except Exception as exc:
+                work.error = exc
+            finally:
+                work.done.set()
+
+        self.start_soon(run_it)
+        return work
+
+    async def within_patience(self, work: UnderWay) -> bool:
+        """Wait for `work` as long as a lookup waits for S3 (patience); False if it has
+        not ended by then, and S3 counts as slow."""
+        patience = self.patience(True)
+        with trio.move_on_at(work.started + patience if patience else -math.inf):
+            await work.done.wait()
+        if not work.done.is_set():
+            self.s3_was_slow()
+        return work.done.is_set()
 
     def s3_slow(self) -> bool:
         """S3 failed or kept a listing waiting a moment ago: names and attributes the
@@ -119,6 +151,9 @@ class Listed(Tree):
             return 0.0
         if not listed_before:
             return math.inf
+        return self._recent_patience()
+
+    def _recent_patience(self) -> float:
         if not self._list_seconds:
             return LIST_PATIENCE
         return min(LIST_PATIENCE, max(PATIENCE_FLOOR, PATIENCE_FACTOR * max(self._list_seconds)))
@@ -155,40 +190,41 @@ class Listed(Tree):
             running = self._start_listing(dir_inode)
         await self._await_listing(dir_inode, running, lenient)
 
-    def _start_listing(self, dir_inode: Inode) -> ListingUnderWay:
-        listing = ListingUnderWay()
-        self._listings[dir_inode.ino] = listing
-
+    def _start_listing(self, dir_inode: Inode) -> UnderWay:
         async def list_it() -> None:
             try:
                 await self._list(dir_inode)
-            except ObjectStoreError as exc:  # (a directory listed before serves its last)
-                listing.error = exc
             finally:
                 del self._listings[dir_inode.ino]
-                listing.done.set()
 
-        assert self._nursery is not None, "Namespace.run is not running"
-        self._nursery.start_soon(list_it)
+        listing = self._listings[dir_inode.ino] = self.in_background(list_it)
         return listing
 
-    async def _await_listing(self, dir_inode: Inode, listing: ListingUnderWay,
+    async def _await_listing(self, dir_inode: Inode, listing: UnderWay,
                              lenient: bool) -> None:
-        if dir_inode.listed_at or lenient:  # S3 gets a moment, not more
-            patience = self.patience(bool(dir_inode.listed_at))
-            with trio.move_on_at(listing.started + patience if patience else -math.inf):
-                await listing.done.wait()
-            if not listing.done.is_set():
-                self.s3_was_slow()
-                if not dir_inode.unlistable_at:
-                    log.warning("S3 has not listed %s in %.2f s; %s", self.key_of(dir_inode),
-                                trio.current_time() - listing.started,
-                                "serving the last listing" if dir_inode.listed_at else
-                                "names in it are looked up among what this mount knows")
-                dir_inode.unlistable_at = time.monotonic()
-                return
+        """S3 gets a moment (patience) to list a directory listed before, and as long as
+        it shows signs of life to list one never listed. If it has not listed it by then,
+        the last listing answers, or what the mount knows of a never-listed one for a
+        lookup (`lenient`); anything else (`ls`, rmdir) fails with EIO at once: it would
+        need S3's answer, and waiting for its bound (30 s) helps no one."""
+        if dir_inode.listed_at:
+            answered = await self.within_patience(listing)
+        elif lenient and self.s3_slow():
+            answered = listing.done.is_set()
         else:
-            await listing.done.wait()
+            answered = await self.answered_while_alive(listing)
+        if not answered:
+            waited = trio.current_time() - listing.started
+            if not dir_inode.listed_at and not lenient:
+                raise ObjectStoreError(
+                    f"S3 has not answered in {waited:.2f} s and {self.key_of(dir_inode)} "
+                    "was never listed: it is listed when S3 answers")
+            if not dir_inode.unlistable_at:
+                log.warning("S3 has not listed %s in %.2f s; %s", self.key_of(dir_inode),
+                            waited, "serving the last listing" if dir_inode.listed_at else
+                            "names in it are looked up among what this mount knows")
+            dir_inode.unlistable_at = time.monotonic()
+            return
         if listing.error is None:
             return
         if not lenient:
@@ -198,6 +234,30 @@ class Listed(Tree):
                         "this mount knows until S3 answers", self.key_of(dir_inode),
                         listing.error)
         dir_inode.unlistable_at = time.monotonic()
+
+    async def answered_while_alive(self, work: UnderWay) -> bool:
+        """Wait for `work` while S3 shows signs of life: where answering without S3 could
+        be wrong (a name hidden in a directory never listed, a symlink served as a file),
+        a healthy S3 gets the time it takes (a huge listing, a GET on a slow link). Past
+        a lookup's patience a HEAD asks whether S3 answers at all; if that goes
+        unanswered for the patience too, S3 counts as slow and False says so."""
+        patience = self._recent_patience()
+        with trio.move_on_at(work.started + patience):
+            await work.done.wait()
+        if work.done.is_set():
+            return True
+        probe = self._probe
+        if probe is None or probe.done.is_set():  # (one under way at a time, in a black hole)
+            probe = self._probe = self.in_background(
+                lambda: self.store.head(self.prefix + RESERVED_NAME + "/"))
+        with trio.move_on_at(max(probe.started, trio.current_time() - patience) + patience):
+            await probe.done.wait()
+        if probe.done.is_set() and (probe.error is None  # any answer of S3's is a sign of life
+                                    or getattr(probe.error, "status", None) is not None):
+            await work.done.wait()
+            return True
+        self.s3_was_slow()
+        return work.done.is_set()
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)

@@ -8,7 +8,6 @@ and how long a lookup waits for them), this module (attributes, moves in S3).
 from __future__ import annotations
 
 import logging
-import math
 import stat
 import time
 
@@ -20,7 +19,7 @@ from lakefs_mount.dirattrs import DirAttrs
 from lakefs_mount.dirindex import DirIndex, IndexEntry
 from lakefs_mount.inode import DEFAULT_DIR_MODE, ROOT_INO, Inode, Kind, kind_of, valid_name
 from lakefs_mount.invalidations import Invalidations
-from lakefs_mount.listings import Listed, ListingUnderWay
+from lakefs_mount.listings import Listed, UnderWay
 from lakefs_mount.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs
@@ -47,8 +46,10 @@ class Namespace(Listed):
         self.index = DirIndex(store, prefix, index_writer, self.index_entries)
         # Where directories' own attributes are kept (None: listed directories show defaults).
         self.dir_attrs = dir_attrs
-        self._attr_loads: dict[int, ListingUnderWay] = {}  # subdirectories' attributes, by parent
+        self._attr_loads: dict[int, UnderWay] = {}  # subdirectories' attributes, by parent
         self._attrs_unread: set[int] = set()  # parents whose load failed (logged once)
+        self._head_loads: dict[int, UnderWay] = {}  # files' metadata being read, by inode
+        self._files_unread: set[int] = set()  # parents of files answered from the listing
 
     async def ensure_headed(self, inode: Inode, with_body: bool = False) -> None:
         """Attributes from the object's metadata (mode, owner, mtime, symlink); with_body
@@ -65,15 +66,74 @@ class Namespace(Listed):
             else:
                 await self._head_dirs(parent, [inode])
             return
-        if (with_body and not cf.pending
-                and not cf.chunks  # a warm cache already holds it: HEAD is enough
-                and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
-            info = await self.cache.fetch_small_object(cf)
-        else:
-            info = await self.store.head(cf.key)
-        inode.headed = True
-        if info is not None:
-            self.apply_metadata(inode, info)
+        load = self._head_loads.get(inode.ino)
+        if load is None:
+            if self.s3_slow():  # (asked when S3 is not known slow: at a later getattr)
+                self._from_listing(inode, "S3 is not answering")
+                return
+            load = self._start_head(inode, with_body)
+        answered = load.done.is_set() if self.s3_slow() else (
+            await self.answered_while_alive(load))
+        if answered and load.error is None:
+            return
+        if load.error is not None:  # S3 said no (403), or the cache failed: as before
+            if not (isinstance(load.error, ObjectStoreError) and load.error.transient):
+                raise load.error
+            self.s3_was_slow()  # (refused, timed out, 503s: S3 is in trouble)
+        self._from_listing(inode, load.error or f"no answer in "
+                           f"{trio.current_time() - load.started:.2f} s")
+
+    def _start_head(self, inode: Inode, with_body: bool) -> UnderWay:
+        """Read a file's metadata in a task of its own (a lookup stops waiting for a quiet
+        S3; it lands when S3 answers)."""
+        cf = inode.file
+        assert cf is not None
+
+        async def head_it() -> None:
+            try:
+                if (with_body and not cf.pending
+                        and not cf.chunks  # a warm cache already holds it: HEAD is enough
+                        and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
+                    info = await self.cache.fetch_small_object(cf)
+                else:
+                    info = await self.store.head(cf.key)
+            finally:
+                del self._head_loads[inode.ino]
+            if inode.headed:
+                return
+            was = inode.kind
+            inode.headed = True
+            if info is not None:
+                self.apply_metadata(inode, info)
+            self._files_unread.discard(inode.parent)
+            if inode.kind is not was and inode.lookups > 0:
+                self._retype(inode, was)
+
+        load = self._head_loads[inode.ino] = self.in_background(head_it)
+        return load
+
+    def _from_listing(self, inode: Inode, why: object) -> None:
+        """A file S3 listed answers with what the listing gave (size, time, ETag; the
+        default mode and the mount's owner) until its metadata is read; said once per
+        directory until a file's metadata is read there."""
+        if inode.parent not in self._files_unread:
+            self._files_unread.add(inode.parent)
+            parent = self.inodes.get(inode.parent)
+            log.warning("metadata of files in %s not read (%s): answered from the listing "
+                        "until S3 answers", self.key_of(parent) if parent else "?", why)
+
+    def _retype(self, inode: Inode, was: Kind) -> None:
+        """Metadata read late made a file served as `was` something else (a symlink, a
+        FIFO): the kernel refuses a number whose type changes, so the name gets a new
+        inode (the kernel forgets the old entry); the old number keeps its type."""
+        kind, inode.kind = inode.kind, was
+        parent = self.inodes.get(inode.parent)
+        if parent is None or parent.children.get(inode.name) != inode.ino:
+            return
+        name = inode.name
+        self.detach(inode)
+        self.add(parent, name, kind, file=inode.file)
+        self.kernel.entry(parent.ino, name)
 
     async def ensure_children_headed(self, dir_inode: Inode) -> None:
         """Attributes of the listed files before readdir hands them out: from the
@@ -86,10 +146,15 @@ class Namespace(Listed):
         dirs = self._unheaded_dirs(dir_inode)
         if dirs:
             await self._head_dirs(dir_inode, dirs)
-        todo = await self._apply_index(dir_inode)
-        if not todo:
-            return
-        await each_bounded(self.ensure_headed, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
+        todo = await self._apply_index(dir_inode, patient=True)
+
+        async def head(inode: Inode) -> None:
+            if self.s3_slow():  # (read at their next lookup, not thrown at a quiet S3)
+                self._from_listing(inode, "S3 is not answering")
+            else:
+                await self.ensure_headed(inode)
+
+        await each_bounded(head, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
         """Stored attributes of subdirectories (see dirattrs). S3 gets the same moment as
@@ -103,13 +168,9 @@ class Namespace(Listed):
         load = self._attr_loads.get(parent.ino)
         if load is None:
             load = self._start_attr_load(parent, dirs)
-        patience = self.patience(True)
-        with trio.move_on_at(load.started + patience if patience else -math.inf):
-            await load.done.wait()
-        if load.done.is_set() and load.error is None and all(d.headed for d in dirs):
+        if (await self.within_patience(load) and load.error is None
+                and all(d.headed for d in dirs)):
             return  # (a load started for other siblings may leave some: asked again later)
-        if not load.done.is_set():
-            self.s3_was_slow()
         if parent.ino not in self._attrs_unread:  # (said once until they are read)
             self._attrs_unread.add(parent.ino)
             log.warning("attributes of directories in %s not read (%s): served 0700 until "
@@ -120,23 +181,17 @@ class Namespace(Listed):
                 inode.dir_mode = stat.S_IFDIR | 0o700
                 inode.dir_uid, inode.dir_gid = self.owner
 
-    def _start_attr_load(self, parent: Inode, dirs: list[Inode]) -> ListingUnderWay:
+    def _start_attr_load(self, parent: Inode, dirs: list[Inode]) -> UnderWay:
         """Load the attributes of `dirs` in a task of its own (a lookup stops waiting for a
         quiet S3; they land when it answers)."""
-        load = ListingUnderWay()
-        self._attr_loads[parent.ino] = load
         dir_attrs = self.dir_attrs
         assert dir_attrs is not None
 
         async def load_them() -> None:
             try:
                 found = await dir_attrs.load(self.key_of(parent), [d.name for d in dirs])
-            except ObjectStoreError as exc:
-                load.error = exc
-                return
             finally:
                 del self._attr_loads[parent.ino]
-                load.done.set()
             for inode in dirs:
                 attrs = found.get(inode.name)
                 if attrs is None:  # never given any: the defaults (also after a failed read)
@@ -148,24 +203,35 @@ class Namespace(Listed):
                 inode.headed = True
             self._attrs_unread.discard(parent.ino)
 
-        assert self._nursery is not None, "Namespace.run is not running"
-        self._nursery.start_soon(load_them)
+        load = self._attr_loads[parent.ino] = self.in_background(load_them)
         return load
 
     def _unheaded_dirs(self, parent: Inode) -> list[Inode]:
         children = (self.inodes.get(ino) for ino in parent.children.values())
         return [c for c in children if c is not None and c.is_dir and not c.headed]
 
-    async def _apply_index(self, dir_inode: Inode) -> list[Inode]:
+    async def _apply_index(self, dir_inode: Inode, patient: bool = False) -> list[Inode]:
         """Attributes of listed files from the directory's indexes, where an entry matches
-        the listed ETag and size (and writers agree); returns the files still unheaded."""
+        the listed ETag and size (and writers agree); returns the files still unheaded.
+        `patient` (readdir): S3 gets a lookup's patience to give the indexes, or they
+        are read again next time (an index rewrite must wait for them: it keeps what
+        they say of files this mount does not know)."""
         todo = [self.inodes[ino] for ino in dir_inode.children.values()
                 if ino in self.inodes and not self.inodes[ino].headed
                 and self.inodes[ino].file is not None]
-        if not todo or dir_inode.indexed_at == dir_inode.listed_at:
-            return todo  # (the indexes were read since the last listing)
-        dir_inode.indexed_at = dir_inode.listed_at
-        found = await self.index.load(self.key_of(dir_inode))
+        if (not todo or dir_inode.indexed_at == dir_inode.listed_at  # (read since then)
+                or patient and self.s3_slow()):
+            return todo
+        dir_inode.indexed_at, before = dir_inode.listed_at, dir_inode.indexed_at
+        load = self.in_background(lambda: self.index.load(self.key_of(dir_inode)))
+        if not patient:
+            await load.done.wait()
+        elif not await self.answered_while_alive(load):
+            dir_inode.indexed_at = before
+            return todo
+        if load.error is not None:
+            raise load.error
+        found: dict[str, list[IndexEntry]] = load.result
         left = []
         for inode in todo:
             cf = inode.file

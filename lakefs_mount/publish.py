@@ -27,6 +27,7 @@ import trio
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.config import mount_id
+from lakefs_mount.dirprogress import CommitUnderWay
 from lakefs_mount.manifest import MANIFEST_NAME, Entry, build, encode_crc
 from lakefs_mount.objecthash import ObjectHasher
 from lakefs_mount.s3.layout import decode_attrs, encode_attrs
@@ -89,20 +90,26 @@ class Publisher:
     async def commit(self, path: str, expect: Expectation, timeout: float | None,
                      progress: Progress) -> dict[str, Any]:
         path = path.strip("/")
+        with self.daemon.dirs.commit(path) as under_way:  # (status shows its stage)
+            return await self._commit(path, expect, timeout, progress, under_way)
+
+    async def _commit(self, path: str, expect: Expectation, timeout: float | None,
+                      progress: Progress, under_way: CommitUnderWay) -> dict[str, Any]:
         prefix = self.daemon.config.prefix + (path + "/" if path else "")
         started = time.monotonic()
-        stage = "flushing"
         waiting: list[str | None] = [None]
         with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
             await self.daemon.flush(path or None, progress)
-            stage = "waiting for the expected files"
+            under_way.stage = "waiting for the expected files"
             listed = await self._wait_for(prefix, expect, progress, waiting)
-            stage = "computing checksums"
+            under_way.stage = "computing checksums"
             entries, sources = await self._entries(prefix, listed, progress)
+        stage = under_way.stage
         if scope.cancelled_caught:
             why = f" ({waiting[0]})" if waiting[0] and stage.startswith("waiting") else ""
             raise CommitFailed(f"timed out after {timeout:g} s while {stage}{why}; no "
                                f"manifest was written")
+        under_way.stage = "writing the manifest"
         body = build(entries, bucket=self.store.sync.bucket, prefix=prefix,
                      committed_at=time.time(), committed_by=self._committer())
         key = prefix + MANIFEST_NAME
@@ -110,12 +117,24 @@ class Publisher:
         meta = encode_attrs(stat.S_IFREG | 0o644, os.getuid(), os.getgid(), now_ns)
         etag = await self.store.retrying(f"PUT {key}", self.store.sync.put, key, body, meta,
                                          max_attempts=MANIFEST_PUT_ATTEMPTS)
+        self._show_manifest(prefix)
         seconds = round(time.monotonic() - started, 3)
         log.info("committed /%s: %d files, %d bytes, manifest %s in %.1f s", path,
                  len(entries), sum(e.size for e in entries), key, seconds)
         return {"manifest": key, "etag": etag, "files": len(entries),
                 "bytes": sum(e.size for e in entries), "checksums": sources,
                 "seconds": seconds}
+
+    def _show_manifest(self, prefix: str) -> None:
+        """This mount shows the manifest it wrote at once, not after --metadata-ttl (as
+        other mounts do): its listing of the directory counts as expired, and the kernel
+        forgets the name if it had cached it as absent."""
+        ns = self.daemon.ns
+        directory = ns.dir_by_key(prefix)
+        if directory is None:
+            return
+        directory.listed_at = min(directory.listed_at, time.monotonic() - ns.ttl)
+        self.daemon.invalidations.entry(directory.ino, MANIFEST_NAME)
 
     def _committer(self) -> dict[str, Any]:
         config = self.daemon.config
@@ -177,7 +196,17 @@ class Publisher:
                 if cf.key.startswith(prefix) and not cf.pending and not cf.unlinked}
 
     async def _cached_crc(self, cf: CachedFile | None, head: ObjectInfo) -> int | None:
-        """The CRC-32C of `head`'s version from the cache file, if it holds all of it."""
+        """The CRC-32C of `head`'s version: noted when this cache committed it (from the
+        bytes the cache file sent, which S3 checked; in memory, else in the journal),
+        else from the cache file if it holds all of it."""
+        if cf is not None and not cf.pending and cf.size == head.size:
+            if cf.committed_crc is not None and cf.committed_crc[0] == head.etag:
+                return cf.committed_crc[1]
+            if cf.fid is not None:  # (a commit of an earlier mount of this cache)
+                journal = self.cache.journal
+                noted = await journal(journal.sync.cached_crc, cf.fid, head.etag)
+                if noted is not None:
+                    return int(noted)
         if (cf is None or cf.pending or cf.base_etag != head.etag or cf.size != head.size
                 or not self.cache.holds(cf, 0, cf.size)):
             return None

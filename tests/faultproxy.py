@@ -13,20 +13,33 @@ methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
 `requests_log` lists (method, target) of every request read on parsed connections, in the
 order they were forwarded (which request came after which).
+`corrupt_body(contains, nth)` flips one byte in the middle of the body of the nth next
+parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
+its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
+`corrupted` lists the targets so changed.
+`hold_requests(match)` is a black hole for some requests only (those for which
+`match(method, target)` is true, on parsed connections: a listing that never ends while
+S3 answers everything else); `hold_requests(None)` resets the connections it held.
 `hang = True` is a black hole: connections are accepted and requests read, but nothing is
 forwarded or answered, as behind a stuck load balancer; turning it off resets the
 connections it held, so their clients see an error, and new ones are served again.
+`delay_keys(prefix, seconds)` holds each request on a key starting with `prefix` (on parsed
+connections) for `seconds` before it is forwarded, or until `release_keys()`: one
+directory's uploads wait while the others' go through; `requests_held` counts the
+requests that have waited so far.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 _CHUNK = 64 * 1024
 
@@ -57,12 +70,18 @@ class FaultProxy:
         self._storm_rng = random.Random(0)
         self.requests_seen = 0  # requests read on parsed connections
         self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
+        self._corruptions: list[list] = []  # [method, substring of the target, nth]
+        self.corrupted: list[str] = []  # targets whose body had a byte flipped
         self._fail = False
         self._hang = False
+        self._hold: Callable[[str, str], bool] | None = None
+        self._held: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._delayed: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
+        self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -98,6 +117,16 @@ class FaultProxy:
         was, self._hang = self._hang, value
         if was and not value:
             self._kill_connections()
+
+    def hold_requests(self, match: Callable[[str, str], bool] | None) -> None:
+        """Swallow the requests (method, target) that `match`es from now on, on
+        connections made with `parse_requests`; None resets those it held."""
+        self._hold = match
+        if match is None:
+            with self._lock:
+                held, self._held = list(self._held), set()
+            for sock in held:
+                _reset(sock)
 
     def _kill_connections(self) -> None:
         with self._lock:
@@ -165,6 +194,26 @@ class FaultProxy:
             self._storm = (status, code, share, methods) if share > 0 else None
             self._storm_rng = random.Random(seed)
 
+    def corrupt_body(self, contains: str, nth: int = 1, method: str = "PUT") -> None:
+        """Flip a byte in the body of the `nth` next request of `method` whose target
+        contains `contains`."""
+        with self._lock:
+            self._corruptions.append([method, contains, nth])
+
+    def _flip_at(self, method: str, target: str, length: int) -> int | None:
+        """Where to flip a byte of this request's body (the middle, counted from the
+        end: how many bytes are left from it on), if anywhere."""
+        with self._lock:
+            for i, wanted in enumerate(self._corruptions):
+                if wanted[0] == method and wanted[1] in target and length:
+                    wanted[2] -= 1
+                    if wanted[2]:
+                        return None
+                    del self._corruptions[i]
+                    self.corrupted.append(target)
+                    return length - length // 2
+        return None
+
     def _injected(self, method: str) -> tuple[int, str] | None:
         with self._lock:
             self.requests_seen += 1
@@ -179,6 +228,29 @@ class FaultProxy:
                     self.answered += 1
                     return status, code
         return None
+
+    def delay_keys(self, prefix: str, seconds: float = math.inf) -> None:
+        """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
+        each before forwarding them, or until `release_keys()`."""
+        with self._lock:
+            self._delayed[prefix] = (seconds, threading.Event())
+
+    def release_keys(self) -> None:
+        """Forward the held requests now, and hold no more."""
+        with self._lock:
+            held, self._delayed = self._delayed, {}
+        for _, released in held.values():
+            released.set()
+
+    def _delay_if_held(self, target: str) -> None:
+        key = unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
+        with self._lock:
+            hold = next((h for p, h in self._delayed.items() if key.startswith(p)), None)
+            if hold is not None:
+                self.requests_held += 1
+        if hold is not None:
+            seconds, released = hold
+            released.wait(None if seconds == math.inf else seconds)
 
     @staticmethod
     def _answer(client: socket.socket, status: int, code: str, close: bool) -> None:
@@ -210,11 +282,17 @@ class FaultProxy:
                 method, target = (lines[0].split(" ") + ["", ""])[:2]
                 with self._lock:
                     self.requests_log.append((method, target))
-                if self._hang:  # swallowed: never forwarded, never answered
+                flip = None if answer is not None else self._flip_at(method, target, length)
+                hold = self._hold
+                if hold is not None and hold(method, target):
+                    with self._lock:
+                        self._held.add(client)
+                if self._hang or client in self._held:  # swallowed: never answered
                     while client.recv(_CHUNK):
                         pass
                     raise OSError("closed")
                 if answer is None:
+                    self._delay_if_held(target)
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
                     self._answer(client, *answer, close=True)  # instead of 100 Continue
@@ -226,6 +304,9 @@ class FaultProxy:
                             raise OSError("closed")
                     piece, buffered = buffered[:length], buffered[length:]
                     length -= len(piece)
+                    at = -1 if flip is None else length + len(piece) - flip
+                    if 0 <= at < len(piece):
+                        piece = piece[:at] + bytes([piece[at] ^ 0xFF]) + piece[at + 1:]
                     if answer is None:
                         upstream.sendall(piece)
                 if answer is not None:
@@ -292,6 +373,7 @@ class FaultProxy:
     def close(self) -> None:
         """Stop accepting, reset every connection and join the threads."""
         self._closed = True
+        self.release_keys()
         with contextlib.suppress(OSError):
             self._listener.close()
         self._kill_connections()

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+import crc32c
+
 from lakefs_mount.s3.objectstore import (
     Listing,
     NoSuchKey,
@@ -50,6 +52,14 @@ class _Upload:
 
 def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _check_crc(data: bytes, crc: int | None) -> None:
+    """As S3 checks x-amz-checksum-crc32c."""
+    if crc is not None and crc32c.crc32c(data) != crc:
+        error = ObjectStoreError("BadDigest: the body does not match its CRC-32C")
+        error.code, error.transient = "BadDigest", True
+        raise error
 
 
 class MemoryObjectStore:
@@ -92,7 +102,7 @@ class MemoryObjectStore:
     def check_bucket(self) -> None:
         self._count("check_bucket")
 
-    def head(self, key: str) -> ObjectInfo | None:
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
         self._count("head")
         with self._lock:
             obj = self.objects.get(key)
@@ -126,9 +136,11 @@ class MemoryObjectStore:
             write(start + off, data[off:off + PIECE])
         return len(data)
 
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
         self._count("put")
         data = bytes(body)
+        _check_crc(data, crc)
         obj = _Object(data, _md5(data), time.time(), self._norm_metadata(metadata))
         with self._lock:
             self.objects[key] = obj
@@ -181,7 +193,8 @@ class MemoryObjectStore:
 
     # ---------------------------------------------------------------- multipart
 
-    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+    def create_multipart(self, key: str, metadata: dict[str, str],
+                         checksum: bool = False) -> str:
         self._count("create_multipart")
         with self._lock:
             upload_id = f"mem-{next(self._ids)}"
@@ -189,7 +202,7 @@ class MemoryObjectStore:
         return upload_id
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO) -> str:
+                    body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
         self._count("upload_part")
         self._check_part_number(part_number)
         data = body.read() if hasattr(body, "read") else bytes(body)
@@ -217,7 +230,8 @@ class MemoryObjectStore:
         return etag
 
     def complete_multipart(self, key: str, upload_id: str,
-                           parts: list[tuple[int, str]]) -> str:
+                           parts: list[tuple[int, str]], crcs: list[int] | None = None,
+                           full_crc: int | None = None) -> str:
         self._count("complete_multipart")
         with self._lock:
             upload = self._upload(key, upload_id)

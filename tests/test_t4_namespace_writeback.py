@@ -59,11 +59,16 @@ def outage(proxy, kind: str, on: bool) -> None:
         proxy.hang = on
 
 
+OUTAGE_SECONDS = 60  # the issue's outage: long enough for every S3 bound to run out
+
+
 @pytest.mark.parametrize("kind", ["refused", "black-hole"])
-def test_a_training_loop_runs_through_an_outage_and_the_bucket_converges(
+def test_a_training_loop_runs_through_a_60_s_outage_and_the_bucket_converges(
         mount_factory, s3, fault_proxy, kind):
     """makedirs, torch.save into a tmp dir, rename it to checkpoint-N, delete checkpoint
-    N-2: no error and no long wait while S3 is down, then S3 holds what the mount shows."""
+    N-2, a step a second for 60 s while S3 is down: every step returns at local speed
+    (the first one after S3 went quiet waits a lookup's patience), then S3 holds exactly
+    what the mount shows."""
     m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
     run = m.path / "run"
     for step in (0, 1):
@@ -72,7 +77,10 @@ def test_a_training_loop_runs_through_an_outage_and_the_bucket_converges(
     assert m.flush().returncode == 0
     outage(fault_proxy, kind, True)
     seconds = []
-    for step in range(2, 6):
+    began = time.monotonic()
+    step = 1
+    while time.monotonic() - began < OUTAGE_SECONDS:
+        step += 1
         started = time.monotonic()
         os.makedirs(run / f"logs/step_{step}")
         save_checkpoint(run / f"tmp-{step}", step)
@@ -80,19 +88,19 @@ def test_a_training_loop_runs_through_an_outage_and_the_bucket_converges(
         shutil.rmtree(run / f"checkpoint-{step - 2}")
         seconds.append(time.monotonic() - started)
         time.sleep(1.1)  # past the TTL: every step looks the names up in S3 again
-    assert sorted(os.listdir(run)) == ["checkpoint-4", "checkpoint-5", "logs"]
+    print("seconds per step while S3 was down:", [round(s, 2) for s in seconds])
+    assert sorted(os.listdir(run)) == [f"checkpoint-{step - 1}", f"checkpoint-{step}", "logs"]
     assert m.status()["name_changes_pending"] > 0  # nothing of it reached S3 yet
     assert bucket_tree(s3).keys() == {f"run/checkpoint-{s}/{f}" for s in (0, 1)
                                       for f in ("model.pt", "optim.pt", "meta.json")}
-    # (S3 held for minutes before: a lookup waited 3 x 60 s per directory)
-    assert sum(seconds) < 60, seconds
+    # (S3 held for minutes before: a lookup waited 3 x 60 s per directory; then 30 s)
+    assert max(seconds) < 3.0 and sorted(seconds)[len(seconds) // 2] < 1.0, seconds
     outage(fault_proxy, kind, False)
     assert m.flush().returncode == 0, m.log_tail()
     assert m.status()["name_changes_pending"] == 0
     assert bucket_tree(s3) == {"run/" + k: v for k, v in tree(run).items()}
-    assert {f"run/logs/step_{s}/" for s in range(2, 6)} <= markers(s3)
-    assert not any("tmp-" in k or "checkpoint-2" in k for k in markers(s3))
-    print("seconds per step while S3 was down:", [round(s, 2) for s in seconds])
+    assert {f"run/logs/step_{s}/" for s in range(2, step + 1)} <= markers(s3)
+    assert not any("tmp-" in k or "checkpoint-2/" in k for k in markers(s3))
 
 
 @pytest.mark.parametrize("kind", ["refused", "black-hole"])

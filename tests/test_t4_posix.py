@@ -615,6 +615,28 @@ def test_rename_of_multipart_file_while_parts_are_uploading_lands_at_new_key(wor
     assert work.s3.get_range(work.key("big"), 0, len(data)) == data
 
 
+def test_a_flush_right_after_a_save_renamed_its_temporary_file_succeeds(
+        mount_factory, fault_proxy, s3) -> None:
+    """safetensors (and other atomic savers) write `.tmpXXXX` and rename it to the
+    checkpoint's name. The rename aborts the multipart upload its parts were streaming
+    into; those parts, still on the wire when the saver's `flush` starts, fail with
+    NoSuchUpload. That is the rename's doing, not a failure of the file: the flush must
+    not give up 'keeps failing' (it did, with 'None' as the reason, once 5 parts came
+    back), and the object lands whole at the new name."""
+    m = mount_factory("--part-size", "8M", "--upload-concurrency", "16",
+                      endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.bandwidth_bytes_per_s = 8 * MiB  # 16 parts on the wire for ~1 s each
+    data = os.urandom(128 * MiB)
+    (m.path / ".tmp3xw5oF").write_bytes(data)
+    time.sleep(0.2)  # parts are streaming to the temporary name
+    os.rename(m.path / ".tmp3xw5oF", m.path / "model.safetensors")
+    done = m.flush(timeout=120)
+    assert done.returncode == 0, done.stderr + m.log_tail()
+    got = s3.get("model.safetensors")
+    assert got is not None and got[1] == data
+    assert s3.head(".tmp3xw5oF") is None
+
+
 def test_rename_directory_onto_non_empty_directory_is_enotempty(work):
     os.mkdir(work.path / "a")
     os.mkdir(work.path / "b")

@@ -6,11 +6,17 @@ fault proxy (`hang`: connections accepted, never answered)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
+import threading
 import time
 
+import pytest
 from test_t4_namespace_writeback import bucket_tree, save_checkpoint, tree
+
+from lakefs_mount.s3.layout import encode_attrs
 
 
 def training_steps(run, steps) -> list[float]:
@@ -120,3 +126,115 @@ def test_renaming_a_directory_never_listed_in_a_black_hole_is_written_back_later
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == want
     assert not (m.path / "ckpt").exists()
+
+
+def test_a_listed_file_whose_attributes_were_never_read_answers_from_the_listing(
+        mount_factory, s3, fault_proxy):
+    """Objects of another tool: the listing gave their size, time and ETag, their mode and
+    owner are in user metadata a HEAD reads. In a black hole a lookup waited 30 s for it;
+    now it answers from the listing within a lookup's patience (said once per directory),
+    and the metadata lands when S3 answers."""
+    meta = encode_attrs(stat.S_IFREG | 0o600, os.getuid(), os.getgid(), 1_600_000_000 * 10**9)
+    big = os.urandom(300_000)  # above the size a lookup fetches whole
+    s3.put("data/shard-0.bin", big, meta)
+    s3.put("data/shard-1.bin", b"x" * 100, meta)
+    s3.put("data/latest", b"shard-0.bin", {"symlink": "1"})  # a symlink s3fs-style
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    assert not (m.path / "data" / "absent").exists()  # lists data/, reads no attributes
+    fault_proxy.hang = True
+    try:
+        started = time.monotonic()
+        first = os.stat(m.path / "data" / "shard-0.bin")
+        took = time.monotonic() - started
+        second = os.stat(m.path / "data" / "shard-1.bin")
+        link = os.lstat(m.path / "data" / "latest")
+        took_all = time.monotonic() - started
+    finally:
+        fault_proxy.hang = False
+    assert took < 3.0 and took_all < 3.0, (took, took_all, m.log_tail())
+    assert (first.st_size, second.st_size) == (300_000, 100)
+    assert stat.S_ISREG(first.st_mode) and stat.S_ISREG(link.st_mode)  # (S3 cannot say)
+    assert abs(first.st_mtime - time.time()) < 600  # the listing's LastModified
+    assert m.log_tail(200).count("answered from the listing") == 1, m.log_tail()
+
+    def metadata_landed() -> bool:
+        st = os.stat(m.path / "data" / "shard-0.bin")
+        return stat.S_IMODE(st.st_mode) == 0o600 and int(st.st_mtime) == 1_600_000_000
+
+    deadline = time.monotonic() + 40
+    while not metadata_landed() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert metadata_landed(), m.log_tail()
+    assert (m.path / "data" / "shard-0.bin").read_bytes() == big
+
+    def is_a_symlink() -> bool:  # (its name gets a new inode: the old one's type is wrong)
+        try:
+            return os.readlink(m.path / "data" / "latest") == "shard-0.bin"
+        except OSError:
+            return False
+
+    while not is_a_symlink() and time.monotonic() < deadline + 15:
+        time.sleep(0.5)
+    assert is_a_symlink(), m.log_tail()
+    assert (m.path / "data" / "latest").read_bytes() == big
+
+
+def test_ls_and_rmdir_of_a_directory_never_listed_fail_fast_in_a_black_hole(
+        mount_factory, s3, fault_proxy):
+    """`ls` and `rmdir` need S3's listing of a directory this mount never listed (another
+    writer may have filled it). They waited 30 s for it and failed with EIO; now EIO comes
+    within a lookup's patience (S3 is asked again later), the directory and its objects
+    stay, and once S3 answers both work."""
+    s3.put("old/ckpt-0/model.pt", b"weights", {})
+    s3.put("empty/", b"", {})
+    m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
+    assert sorted(os.listdir(m.path)) == ["empty", "old"]  # the root; nothing below it
+    fault_proxy.hang = True
+    try:
+        for attempt in range(2):  # the first finds S3 quiet, the second knows it is
+            for call in (lambda: os.listdir(m.path / "old"),
+                         lambda: os.rmdir(m.path / "empty")):
+                started = time.monotonic()
+                with pytest.raises(OSError) as err:
+                    call()
+                took = time.monotonic() - started
+                assert err.value.errno == errno.EIO, err.value
+                assert took < 5.0, (attempt, took, m.log_tail())
+    finally:
+        fault_proxy.hang = False
+    assert "was never listed" in m.log_tail(200), m.log_tail()
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            listed = os.listdir(m.path / "old")
+            break
+        except OSError:
+            time.sleep(0.5)
+    assert listed == ["ckpt-0"]
+    os.rmdir(m.path / "empty")
+    assert m.flush().returncode == 0, m.log_tail()
+    assert s3.head("empty/") is None and s3.head("old/ckpt-0/model.pt") is not None
+
+
+def test_a_lookup_in_a_directory_never_listed_waits_for_a_slow_listing_while_s3_answers(
+        mount_factory, s3, fault_proxy):
+    """A huge directory may take S3 seconds to list: while S3 answers the rest (the HEAD
+    that asks whether it answers at all), a lookup there waits for the listing instead
+    of answering ENOENT from what the mount knows (which a create would take as a new
+    name, replacing the object)."""
+    s3.put("huge/shard-7.bin", b"seven", {})
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    assert "huge" in os.listdir(m.path)  # known by name, never listed
+    fault_proxy.hold_requests(lambda method, target: "list-type=2" in target
+                              and "prefix=huge%2F" in target)
+    release = threading.Timer(4.0, fault_proxy.hold_requests, [None])
+    release.start()
+    try:
+        started = time.monotonic()
+        body = (m.path / "huge" / "shard-7.bin").read_bytes()
+        took = time.monotonic() - started
+    finally:
+        release.join()
+    assert body == b"seven"
+    assert took >= 3.5, took  # it waited for the listing (held 4 s), not a moment

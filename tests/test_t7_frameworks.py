@@ -93,7 +93,8 @@ def _dcp_worker(rank: int, args: argparse.Namespace) -> None:
             dist.barrier()
             if rank == 0:
                 Path(args.reference, "DONE").touch()
-        dcp.save(state, checkpoint_id=args.dir)
+        dirs = args.dir.split(",")  # one per node: rank r saves into its node's mount
+        dcp.save(state, checkpoint_id=dirs[rank * len(dirs) // args.world])
         if args.async_dir:
             fut = dcp.async_save(state, checkpoint_id=args.async_dir)
             # a training step could run here; the checkpoint is complete at result()
@@ -105,7 +106,8 @@ def _dcp_worker(rank: int, args: argparse.Namespace) -> None:
 
 def _script_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="DCP save with N ranks (gloo on CPU)")
-    parser.add_argument("--dir", required=True)
+    parser.add_argument("--dir", required=True, help="or DIR_A,DIR_B,...: the ranks split "
+                        "evenly over them, in order (nodes, each with its own mount)")
     parser.add_argument("--async-dir", help="also dcp.async_save the state here")
     parser.add_argument("--reference", help="first save the same state to this local dir")
     parser.add_argument("--store", required=True, help="FileStore path (must not exist)")

@@ -133,11 +133,11 @@ class AsyncStore:
         self._retry_now.set()
         self._retry_now = trio.Event()
 
-    async def head(self, key: str) -> ObjectInfo | None:
+    async def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
         self.metrics[m.HEADS] += 1
         # abandoned when cancelled: nothing waits on the thread, and an interrupted lookup
         # (FUSE_INTERRUPT) returns at once instead of when S3 answers
-        return await self.call(self.sync.head, key, abandon=True)
+        return await self.call(self.sync.head, key, checksum, abandon=True)
 
     async def list_dir(self, prefix: str) -> Listing:
         self.metrics[m.LISTS] += 1

@@ -96,6 +96,10 @@ class Failures:
                 raise ObjectStoreError(
                     f"bucket '{self.bucket}' is in another region than {self.region!r}:"
                     f" pass the right region{right}") from exc
+            if code in ("BadDigest", "InvalidDigest") and op in ("PutObject", "UploadPart"):
+                raise ObjectStoreError(  # (SeaweedFS words it as if about Content-MD5)
+                    f"S3 {op} on {where} failed: {code}: the bytes S3 received do not"
+                    " match their checksum: corrupted on the way") from exc
             raise ObjectStoreError(f"S3 {op} on {where} failed: {code}:"
                                    f" {reply.message or status}") from exc
         if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):

@@ -64,6 +64,9 @@ class ObjectInfo:
     etag: str  # without quotes
     mtime: float  # LastModified as a POSIX timestamp
     metadata: dict[str, str] = field(default_factory=dict)  # user metadata, lower-case names
+    # S3's CRC-32C of the whole object as x-amz-checksum-crc32c writes it (base64), where it
+    # keeps one and was asked for it (head(checksum=True)); None for a composite "...-N"
+    crc32c: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,9 @@ class PendingUpload:
 class PiecewiseBody(Protocol):
     """A part body a store may send in the pieces it yields instead of reading it into
     one bytes object (a 16 MiB part then costs no 16 MiB of memory and no extra copies).
-    Each piece is valid only until the next is taken."""
+    Each piece is valid only until the next is taken. A body that also offers `sent_crc`
+    (the CRC-32C of what its last complete pass yielded) is not hashed again to send it
+    with its checksum."""
 
     def __len__(self) -> int: ...
 
@@ -97,8 +102,10 @@ class ObjectStore(Protocol):
         """Raise NoSuchBucket / AccessDenied / EndpointUnreachable with a clear message."""
         ...
 
-    def head(self, key: str) -> ObjectInfo | None:
-        """Size, ETag and user metadata of `key`, or None if it does not exist."""
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
+        """Size, ETag and user metadata of `key`, or None if it does not exist. `checksum`:
+        ask for S3's stored checksum too (ChecksumMode ENABLED: only `verify` does, since
+        on AWS it needs kms:Decrypt for KMS-encrypted objects)."""
         ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -117,8 +124,10 @@ class ObjectStore(Protocol):
         code PreconditionFailed)."""
         ...
 
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
-        """PutObject; returns the ETag."""
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
+        """PutObject; returns the ETag. `crc`: the body's CRC-32C, declared so that S3
+        rejects a body that does not match it (s3/checksums)."""
         ...
 
     def list_dir(self, prefix: str) -> Listing:
@@ -140,14 +149,19 @@ class ObjectStore(Protocol):
         """Server-side copy (multipart copy above 5 GiB); metadata None keeps the source's."""
         ...
 
-    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        """Returns the upload id."""
+    def create_multipart(self, key: str, metadata: dict[str, str],
+                         checksum: bool = False) -> str:
+        """Returns the upload id. `checksum`: S3 keeps the object's CRC-32C (FULL_OBJECT),
+        and its Complete must give every part's."""
         ...
 
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO) -> str:
+                    body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
         """Returns the part's ETag; a file-like body is read from its current position,
-        unless it is a PiecewiseBody that the store sends piece by piece instead."""
+        unless it is a PiecewiseBody that the store sends piece by piece instead.
+        `checksum`: declare the body's CRC-32C, so that S3 rejects a body that does not
+        match (as a trailer taken while the body streams where the endpoint takes one,
+        else in a header, from a first pass over the body)."""
         ...
 
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
@@ -156,8 +170,11 @@ class ObjectStore(Protocol):
         ...
 
     def complete_multipart(self, key: str, upload_id: str,
-                           parts: list[tuple[int, str]]) -> str:
-        """Complete with (part_number, etag) pairs in order; returns the object's ETag."""
+                           parts: list[tuple[int, str]], crcs: list[int] | None = None,
+                           full_crc: int | None = None) -> str:
+        """Complete with (part_number, etag) pairs in order; returns the object's ETag.
+        `crcs`, `full_crc`: each part's and the whole object's CRC-32C (an upload created
+        with `checksum`)."""
         ...
 
     def abort_multipart(self, key: str, upload_id: str) -> None:

@@ -124,4 +124,15 @@ def info_from_headers(key: str, headers: Any) -> ObjectInfo:
         mtime=parsedate_to_datetime(modified).timestamp() if modified else 0.0,
         metadata={k.lower()[len(META_PREFIX):]: v for k, v in headers.items()
                   if k.lower().startswith(META_PREFIX)},
+        crc32c=_full_object_crc(headers),
     )
+
+
+def _full_object_crc(headers: Any) -> str | None:
+    """x-amz-checksum-crc32c where it is the whole object's (a single PUT, or a multipart
+    upload of type FULL_OBJECT), not a composite of its parts' ("...-N")."""
+    value = headers.get("x-amz-checksum-crc32c")
+    if not value or "-" in value or headers.get("x-amz-checksum-type", "FULL_OBJECT") not in (
+            "FULL_OBJECT", ""):
+        return None
+    return str(value)

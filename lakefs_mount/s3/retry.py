@@ -23,7 +23,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",
                              "RequestTimeout", "RequestTimeTooSkewed", "InternalError",
-                             "ServiceUnavailable"})
+                             "ServiceUnavailable",
+                             # a body corrupted on the way (a trailer's: Invalid-)
+                             "BadDigest", "InvalidDigest"})
 QUICK_ATTEMPTS = 3  # a lookup or a namespace change: transient failures only
 FIRST_DELAY = 0.2
 MAX_DELAY = 30.0

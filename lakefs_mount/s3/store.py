@@ -15,8 +15,10 @@ from typing import Any, BinaryIO
 import boto3
 import botocore.exceptions as bce
 import botocore.session
+import crc32c
 from botocore.config import Config
 
+from lakefs_mount.manifest import encode_crc
 from lakefs_mount.s3.failures import Failures
 from lakefs_mount.s3.lean import LeanTransport, listing_pages
 from lakefs_mount.s3.objectstore import (
@@ -38,12 +40,15 @@ from lakefs_mount.s3.replies import (
 )
 from lakefs_mount.s3.retry import retried
 from lakefs_mount.s3.timeouts import BASE_SECONDS, CONNECT_SECONDS, RequestTimeouts
+from lakefs_mount.s3.trailer import TrailedBody
 
 __all__ = ["S3ObjectStore", "MAX_COPY_OBJECT_SIZE", "COPY_PART_SIZE"]
 
 MAX_COPY_OBJECT_SIZE = 5 * 1024**3  # CopyObject refuses sources larger than 5 GiB
 COPY_PART_SIZE = 1024**3  # part size of the multipart copy used above that limit
 DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys
+CRC_HEADER = "x-amz-checksum-crc32c"  # S3 checks the body against it (BadDigest if not)
+FULL_OBJECT = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"}
 STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
 
 
@@ -74,6 +79,29 @@ def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: flo
     if "response_checksum_validation" in options:
         kwargs["response_checksum_validation"] = "when_required"
     return Config(**kwargs)
+
+
+def _crc_first(body: bytes | memoryview | BinaryIO) -> int:
+    """The CRC-32C of a body whose checksum goes in a header: a pass before sending it
+    (a file-like body is read from its position, then put back there)."""
+    if isinstance(body, bytes | memoryview):
+        return int(crc32c.crc32c(body))
+    crc = 0
+    if hasattr(body, "pieces"):
+        if hasattr(body, "sent_crc"):  # it hashes what it yields (see PiecewiseBody)
+            for _ in body.pieces():
+                pass
+            inner: int | None = getattr(body, "sent_crc", None)
+            if inner is not None:
+                return inner
+        for piece in body.pieces():
+            crc = crc32c.crc32c(piece, crc)
+        return crc
+    start = body.tell()
+    while chunk := body.read(STREAM_PIECE):
+        crc = crc32c.crc32c(chunk, crc)
+    body.seek(start)
+    return crc
 
 
 class S3ObjectStore:
@@ -127,6 +155,9 @@ class S3ObjectStore:
         self._lean = LeanTransport(session, settings, self._client, bucket, region,
                                    max_pool, self.timeouts)
         self.max_attempts = max(1, max_attempts)  # per call, transient failures (`retry`)
+        # The endpoint takes a part's CRC-32C as an aws-chunked trailer and checks it
+        # (s3/checksums probes it): parts are then read once, not hashed first.
+        self.trailing_checksums = False
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
@@ -168,10 +199,12 @@ class S3ObjectStore:
     # ------------------------------------------------------------------ objects
 
     @retried
-    def head(self, key: str) -> ObjectInfo | None:
+    def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
         try:
             with self._errors("HeadObject", key):
-                response = self._lean.send("HeadObject", "HEAD", key)
+                response = self._lean.send(
+                    "HeadObject", "HEAD", key,
+                    headers={"x-amz-checksum-mode": "ENABLED"} if checksum else None)
                 response.raw.release_conn()
         except NoSuchKey:
             return None
@@ -214,10 +247,23 @@ class S3ObjectStore:
         return done
 
     @retried
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
         data = body if isinstance(body, bytes) else bytes(body)
         headers = {META_PREFIX + name: value for name, value in metadata.items()}
+        if crc is not None:
+            headers[CRC_HEADER] = encode_crc(crc)
         return self._lean_put("PutObject", key, headers, data)
+
+    @retried
+    def put_piecewise(self, key: str, body: PiecewiseBody, checksum: bool = False) -> str:
+        """PutObject of a body sent piece by piece, its CRC-32C as a trailer with
+        `checksum` (the checksum probe; the lean path's own connections only)."""
+        if not self._lean.direct:
+            raise ObjectStoreError("a piecewise PUT needs a direct connection to S3")
+        trailed = TrailedBody(body) if checksum else None
+        return self._lean_put("PutObject", key, {} if trailed is None else trailed.headers,
+                              body if trailed is None else trailed)
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
                   body: bytes | PiecewiseBody, query: dict[str, str] | None = None) -> str:
@@ -307,26 +353,36 @@ class S3ObjectStore:
     # ---------------------------------------------------------------- multipart
 
     @retried
-    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+    def create_multipart(self, key: str, metadata: dict[str, str],
+                         checksum: bool = False) -> str:
         with self._errors("CreateMultipartUpload", key):
             resp = self._botocore(self.timeouts.small()).create_multipart_upload(
-                Bucket=self.bucket, Key=key, Metadata=dict(metadata))
+                Bucket=self.bucket, Key=key, Metadata=dict(metadata),
+                **(FULL_OBJECT if checksum else {}))
         return str(resp["UploadId"])
 
     @retried
     def upload_part(self, key: str, upload_id: str, part_number: int,
-                    body: bytes | memoryview | BinaryIO) -> str:
-        if hasattr(body, "pieces") and self._lean.direct:
+                    body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
+        query = {"partNumber": str(part_number), "uploadId": upload_id}
+        piecewise = hasattr(body, "pieces") and self._lean.direct
+        if piecewise and checksum and self.trailing_checksums:
+            trailed = TrailedBody(body)  # type: ignore[arg-type]
+            return self._lean_put("UploadPart", key, trailed.headers, trailed, query)
+        crc = _crc_first(body) if checksum else None  # (the header goes before the body)
+        if piecewise:
             # piece by piece as the body reads them: a fraction of the CPU of botocore,
             # which takes 16 KiB at a time, each sliced from a copy
-            return self._lean_put("UploadPart", key, {}, body,  # type: ignore[arg-type]
-                                  {"partNumber": str(part_number), "uploadId": upload_id})
+            headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
+            return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
+                                  query)
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
+        extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}
         with self._errors("UploadPart", key):
             resp = self._botocore(self.timeouts.transfer(size)).upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
-                Body=data)
+                Body=data, **extra)
         return strip_etag(resp.get("ETag"))
 
     @retried
@@ -341,12 +397,22 @@ class S3ObjectStore:
 
     @retried
     def complete_multipart(self, key: str, upload_id: str,
-                           parts: list[tuple[int, str]]) -> str:
+                           parts: list[tuple[int, str]], crcs: list[int] | None = None,
+                           full_crc: int | None = None) -> str:
+        """`crcs` (each part's, in order) and `full_crc` (the whole object's) complete an
+        upload created with `checksum`, which S3 requires and checks."""
+        listed: list[dict[str, Any]] = [{"PartNumber": n, "ETag": quote_etag(etag)}
+                                        for n, etag in parts]
+        extra: dict[str, Any] = {}
+        if crcs is not None:
+            for part, crc in zip(listed, crcs, strict=True):
+                part["ChecksumCRC32C"] = encode_crc(crc)
+        if full_crc is not None:
+            extra = {"ChecksumCRC32C": encode_crc(full_crc), "ChecksumType": "FULL_OBJECT"}
         with self._errors("CompleteMultipartUpload", key):
             resp = self._botocore(self.timeouts.complete(len(parts))).complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": quote_etag(etag)}
-                                           for n, etag in parts]})
+                MultipartUpload={"Parts": listed}, **extra)
         return strip_etag(resp.get("ETag"))
 
     @retried

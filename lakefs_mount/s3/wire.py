@@ -64,7 +64,8 @@ def _signing_key(secret: str, day: str, region: str) -> bytes:
 
 def sign(method: str, host: str, path: str, query: str, headers: dict[str, str],
          keys: Keys, region: str, amz_date: str | None = None) -> dict[str, str]:
-    """`headers` plus Host, the date, the payload marker, the token and Authorization.
+    """`headers` plus Host, the date, the payload marker (UNSIGNED-PAYLOAD unless
+    `headers` give one), the token and Authorization.
 
     `path` is sent as given (S3 signs it without normalising or encoding it again);
     every header given is signed, names lower-cased, values with their runs of white
@@ -74,14 +75,14 @@ def sign(method: str, host: str, path: str, query: str, headers: dict[str, str],
     signed = {name.lower(): value for name, value in headers.items()}
     signed["host"] = host
     signed["x-amz-date"] = amz_date
-    signed["x-amz-content-sha256"] = UNSIGNED_PAYLOAD
+    payload = signed.setdefault("x-amz-content-sha256", UNSIGNED_PAYLOAD)  # (or a trailer)
     if keys.token:
         signed["x-amz-security-token"] = keys.token
     names = sorted(signed)
     canonical = "\n".join((
         method, path, query,
         "".join(f"{n}:{' '.join(signed[n].split())}\n" for n in names),
-        ";".join(names), UNSIGNED_PAYLOAD))
+        ";".join(names), payload))
     day = amz_date[:8]
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join((_ALGORITHM, amz_date, scope,

@@ -1,0 +1,135 @@
+"""End-to-end checksums of uploads: what the mount sends, and whether the endpoint checks it.
+
+Every UploadPart and PutObject declares the CRC-32C of its body (`x-amz-checksum-crc32c`),
+computed from the cache file by the thread that sends it; an endpoint that checks it
+rejects a body corrupted on the way (BadDigest) and the part is sent again. Whether the
+endpoint checks is not in any reply: `probe` asks once at mount with a PutObject whose
+checksum is deliberately wrong, to a reserved key under the mount's prefix. Multipart
+uploads are created with ChecksumAlgorithm CRC32C (type FULL_OBJECT, so S3 stores the
+same whole-object CRC-32C a manifest holds) only where the probe saw the endpoint check:
+such an upload's Complete must list every part's checksum.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import crc32c
+import trio
+
+from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+OFF_VARIABLE = "LAKEFS_MOUNT_UPLOAD_CHECKSUMS"  # "off": none sent (benchmarks/checksums.py)
+PROBE_KEY = ".lakefs-mount/checksum-probe"  # under the mount's prefix (RESERVED)
+PROBE_SECONDS = 10.0  # a slow endpoint leaves the answer unknown, never the mount waiting
+
+
+@dataclass
+class ChecksumUse:
+    """`send`: parts and objects declare their CRC-32C (off only for measurements).
+    `verified`: the endpoint rejected a wrong checksum (True), accepted it (False), or the
+    probe could not tell (None)."""
+
+    send: bool = True
+    verified: bool | None = None
+
+    @classmethod
+    def from_environment(cls) -> ChecksumUse:
+        """On unless OFF_VARIABLE is "off": for measuring what they cost, not an option
+        for users (a corrupted transfer would then land in S3)."""
+        return cls(send=os.environ.get(OFF_VARIABLE, "").lower() != "off")
+
+    @property
+    def full_object(self) -> bool:
+        """Create multipart uploads with ChecksumAlgorithm CRC32C / FULL_OBJECT."""
+        return self.send and self.verified is True
+
+    def describe(self) -> str:
+        if not self.send:
+            return "off"
+        if self.verified is None:
+            return "crc32c (whether this endpoint verifies it is unknown)"
+        return "crc32c (verified by S3)" if self.verified else \
+            "crc32c (not verified by this endpoint)"
+
+    def to_json(self) -> dict[str, object]:
+        return {"algorithm": "crc32c" if self.send else None, "verified": self.verified}
+
+
+REJECTED = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch")
+
+
+class _Sent:
+    """A body as a PiecewiseBody, with the CRC it claims to have (for the trailer)."""
+
+    def __init__(self, data: bytes, sent_crc: int) -> None:
+        self.data, self.sent_crc = data, sent_crc
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[memoryview]:
+        yield memoryview(self.data)
+
+
+def _rejected(send: Callable[[], object]) -> bool | None:
+    """Whether S3 refused the request for its checksum (None: it failed otherwise)."""
+    try:
+        send()
+    except ObjectStoreError as exc:
+        if exc.code in REJECTED:
+            return True
+        log.info("checksum probe of the endpoint failed: %s", exc)
+        return None
+    return False
+
+
+def probe(store: ObjectStore, prefix: str) -> bool | None:
+    """Whether the endpoint rejects a PutObject whose x-amz-checksum-crc32c is wrong
+    (blocking, in a worker thread): True rejected, False stored, None unknown (the
+    probe itself failed). Where it does, whether it takes the checksum as an aws-chunked
+    trailer and checks that too: then `store.trailing_checksums` is set. The probe
+    object is deleted whichever way it went."""
+    key = prefix + PROBE_KEY
+    body = os.urandom(4096)  # (SeaweedFS answers IncompleteBody to a wrong trailer of 64)
+    good = crc32c.crc32c(body)
+    verified = _rejected(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF))
+    put_piecewise = getattr(store, "put_piecewise", None)
+    if verified and put_piecewise is not None:
+        # a wrong trailer refused, the right one taken, and the bytes stored as sent
+        if _rejected(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True)) \
+                and _rejected(lambda: put_piecewise(key, _Sent(body, good), True)) is False:
+            try:
+                got = store.get(key)
+            except ObjectStoreError as exc:
+                log.info("checksum probe of the endpoint failed: %s", exc)
+                got = None
+            store.trailing_checksums = (  # type: ignore[attr-defined]
+                got is not None and got[1] == body)
+    try:
+        store.delete(key)
+    except ObjectStoreError as exc:
+        log.info("could not delete the checksum probe %s: %s", key, exc)
+    return verified
+
+
+async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> None:
+    """Run `probe` in a thread and note its answer in `use`; after PROBE_SECONDS the
+    answer stays unknown (the thread is left to finish on its own). `store` is the plain
+    store: the expected rejection is no error of the mount's, for status or metrics."""
+    if not use.send:
+        return
+    with trio.move_on_after(PROBE_SECONDS):
+        try:
+            use.verified = await trio.to_thread.run_sync(probe, store, prefix,
+                                                         abandon_on_cancel=True)
+        except Exception as exc:  # (a probe never fails the mount)
+            log.warning("checksum probe of the endpoint failed: %s", exc)
+    log.info("upload checksums: %s%s", use.describe(),
+             ", parts with an aws-chunked trailer"
+             if getattr(store, "trailing_checksums", False) else "")
