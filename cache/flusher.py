@@ -33,8 +33,8 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
-from lakefs_mount.manifest import crc32c_combine
 from lakefs_mount.s3.checksums import ChecksumUse
+from lakefs_mount.s3.crc import crc32c_combine
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 

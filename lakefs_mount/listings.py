@@ -235,6 +235,13 @@ class Listed(Tree):
                         listing.error)
         dir_inode.unlistable_at = time.monotonic()
 
+    def _answered_since(self, started: float) -> bool:
+        """Did S3 answer any request (an upload, a read) since `started` (trio time)?"""
+        stats = getattr(self.store.sync, "stats", None)
+        if stats is None:
+            return False
+        return bool(stats.last_answer_at >= time.monotonic() - (trio.current_time() - started))
+
     async def answered_while_alive(self, work: UnderWay) -> bool:
         """Wait for `work` while S3 shows signs of life: where answering without S3 could
         be wrong (a name hidden in a directory never listed, a symlink served as a file),
@@ -252,9 +259,10 @@ class Listed(Tree):
                 lambda: self.store.head(self.prefix + RESERVED_NAME + "/"))
         with trio.move_on_at(max(probe.started, trio.current_time() - patience) + patience):
             await probe.done.wait()
-        if probe.done.is_set() and (probe.error is None  # any answer of S3's is a sign of life
-                                    or getattr(probe.error, "status", None) is not None):
-            await work.done.wait()
+        if (probe.done.is_set() and (probe.error is None  # any answer of S3's is a sign of life
+                                     or getattr(probe.error, "status", None) is not None)
+                or self._answered_since(work.started)):  # a loaded S3 (the probe queued
+            await work.done.wait()                       # behind uploads) is alive too
             return True
         self.s3_was_slow()
         return work.done.is_set()

@@ -18,6 +18,7 @@ import bisect
 import functools
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -100,6 +101,9 @@ class S3Stats:
         self._under_way: dict[int, tuple[str, str | None, float]] = {}
         self._tickets = itertools.count()
         self.last_error_at: float | None = None
+        # (monotonic) when S3 last answered a request, with data or "no such key": a
+        # sign of life however slow it is (listings.answered_while_alive)
+        self.last_answer_at = -math.inf
 
     def begin(self, op: str, key: str | None) -> int:
         """Note a request that starts now; `record` with the ticket when it ends."""
@@ -124,6 +128,8 @@ class S3Stats:
             stats.count += 1
             stats.seconds_sum += seconds
             stats.in_bucket[bisect.bisect_left(BUCKETS, seconds)] += 1
+            if error is None or isinstance(error, NoSuchKey | NoSuchUpload):
+                self.last_answer_at = self._monotonic()
             if error is None:
                 self._streaks.pop((op, key), None)
                 return 0
@@ -183,6 +189,7 @@ class TimedStore:
     def __init__(self, store: Any, stats: S3Stats) -> None:
         self._store = store
         self._stats = stats
+        self.stats = stats
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import crc32c
 
-from lakefs_mount.manifest import encode_crc
+from lakefs_mount.s3.crc import encode_crc
 from lakefs_mount.s3.objectstore import PiecewiseBody
 
 CHUNK = 64 * 1024 * 1024  # bytes of body per aws-chunk (the last one holds the rest): a
