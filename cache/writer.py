@@ -71,7 +71,16 @@ class Writer:
             return
         await self.files.ensure_fd(cf)
         cf.in_journal = True  # the intent writes the file's row
-        await self.mark_dirty(cf, [0], None)
+        try:
+            await self.mark_dirty(cf, [0], None)
+        except BaseException:
+            # Refused (a full cache disk, the journal): the create fails, so nothing of
+            # this file may reach S3: the flusher took it for pending and committed an
+            # empty object the application was told it never made.
+            cf.in_journal = False
+            cf.unlinked = True
+            self.files.remove(cf)
+            raise
 
     async def save_attrs(self, cf: CachedFile) -> None:
         """Attributes or size changed: the next commit writes them."""

@@ -712,3 +712,23 @@ def test_chunks_a_passthrough_writer_left_stay_until_their_intent_is_journalled(
             await c.flusher.flush([cf])
             assert c.store.objects["pt"].body == data
     run(body)
+
+
+def test_a_create_the_full_cache_disk_refused_leaves_nothing_to_commit(tmp_path):
+    """A create whose first chunk finds no room (a full cache disk) fails; the file it
+    began was taken for pending and a flush committed it as an empty object, one the
+    application was told it never made (CI, the 8-writer full-disk test)."""
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = c.new_file("refused.bin")
+
+            async def full(_nbytes: int) -> None:
+                raise OSError(28, "cache disk full")
+
+            c.cache.room.ensure = full  # type: ignore[method-assign]
+            with pytest.raises(OSError):
+                await c.cache.new_file(cf)
+            assert not cf.pending and cf not in c.cache.files.values()
+            await c.flusher.flush([f for f in c.cache.files.values() if f.pending])
+            assert "refused.bin" not in c.store.objects
+    run(body)
