@@ -69,6 +69,7 @@ class Listed(Tree):
         self._listings: dict[int, UnderWay] = {}  # directories being listed right now
         self._nursery: trio.Nursery | None = None  # where listings run (run())
         self._slow_until = 0.0  # monotonic time until which S3 counts as slow
+        self._slow_at = -math.inf  # monotonic time S3 last counted as slow
         self._list_seconds: deque[float] = deque(maxlen=RECENT_LISTINGS)  # S3's recent ones
         self._probe: UnderWay | None = None  # a HEAD asking whether S3 answers at all
 
@@ -138,7 +139,8 @@ class Listed(Tree):
         return time.monotonic() < self._slow_until
 
     def s3_was_slow(self) -> None:
-        self._slow_until = time.monotonic() + max(self.ttl, SLOW_FOR)
+        self._slow_at = time.monotonic()
+        self._slow_until = self._slow_at + max(self.ttl, SLOW_FOR)
 
     def patience(self, listed_before: bool) -> float:
         """Seconds a lookup waits for a listing before the mount's own knowledge answers:
@@ -166,9 +168,9 @@ class Listed(Tree):
         slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
         name, which a create needs to go on): then what the mount knows of it answers
-        once the listing failed, or at once while S3 is known to be slow (the listing
-        lands when S3 answers), S3 is asked again after the TTL, and the log says so
-        once per directory.
+        once the listing failed, or at once while S3 is known to be slow and has answered
+        nothing since (the listing lands when S3 answers), S3 is asked again after the
+        TTL, and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
@@ -209,8 +211,8 @@ class Listed(Tree):
         need S3's answer, and waiting for its bound (30 s) helps no one."""
         if dir_inode.listed_at:
             answered = await self.within_patience(listing)
-        elif lenient and self.s3_slow():
-            answered = listing.done.is_set()
+        elif lenient and self.s3_slow() and not self._answered_after(self._slow_at):
+            answered = listing.done.is_set()  # (quiet since: an outage, not a load)
         else:
             answered = await self.answered_while_alive(listing)
         if not answered:
@@ -237,10 +239,16 @@ class Listed(Tree):
 
     def _answered_since(self, started: float) -> bool:
         """Did S3 answer any request (an upload, a read) since `started` (trio time)?"""
+        return self._answered_after(time.monotonic() - (trio.current_time() - started))
+
+    def _answered_after(self, moment: float) -> bool:
+        """Did S3 answer any request after `moment` (monotonic)? One that counted as slow
+        (a listing past a lookup's patience on a loaded machine) and answered reads
+        since is loaded, not gone: a directory never listed waits for its listing then,
+        or a lookup there answers ENOENT for a file S3 has (issue 31: DCP's `.metadata`
+        missing after a cold remount, while the restore's reads were answered)."""
         stats = getattr(self.store.sync, "stats", None)
-        if stats is None:
-            return False
-        return bool(stats.last_answer_at >= time.monotonic() - (trio.current_time() - started))
+        return stats is not None and bool(stats.last_answer_at > moment)
 
     async def answered_while_alive(self, work: UnderWay) -> bool:
         """Wait for `work` while S3 shows signs of life: where answering without S3 could
