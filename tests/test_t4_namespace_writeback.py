@@ -235,3 +235,47 @@ def test_an_unlink_does_not_wait_for_a_commit_stuck_in_a_black_hole(mount_factor
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {"warm": b"x", "f": b"new"}
 
+
+
+def finish_like_dcp(directory: Path, body: bytes) -> None:
+    """What torch 2.13's FileSystemWriter.finish does with a checkpoint's `.metadata`:
+    written as `.metadata.tmp` and fsynced, the last save's `.metadata` removed, then the
+    rename."""
+    tmp = directory / ".metadata.tmp"
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    if (directory / ".metadata").exists():
+        (directory / ".metadata").unlink()
+    os.rename(tmp, directory / ".metadata")
+
+
+@pytest.mark.parametrize("held", [0.0, 1.0])
+def test_flush_returns_once_a_file_renamed_after_its_write_is_in_s3_under_its_final_name(
+        mount_factory, s3, fault_proxy, held):
+    """`flush` means "in S3 under its final name" (issue 31: DCP's `.metadata` missing
+    after a cold remount). With no commit delay the temporary file's PutObject may be
+    under way at the rename (held `held` s at the proxy, with its DELETE): the rename then
+    waits for it and moves the object in S3 (CopyObject, DELETE), after the unlink of the
+    last save's `.metadata`. Right after each flush S3 has that save's `.metadata` and no
+    `.metadata.tmp`."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    ckpt = m.path / "ckpt"
+    ckpt.mkdir()
+    for save in range(3):
+        body = os.urandom(3000 + save)
+        if held:
+            fault_proxy.delay_keys("ckpt/.metadata.tmp", held)
+        finish_like_dcp(ckpt, body)
+        assert m.flush().returncode == 0, m.log_tail()
+        fault_proxy.release_keys()
+        keys = {i.key for i in s3.list_recursive("ckpt/")} - {"ckpt/"}
+        assert keys == {"ckpt/.metadata"}, (save, keys, m.log_tail())
+        assert s3.get_range("ckpt/.metadata", 0, len(body) + 1) == body, save
+    if held:  # the rename met the commit under way: the object moved in S3
+        methods = [(method, target) for method, target in fault_proxy.requests_log
+                   if ".metadata" in target]
+        assert any(method == "DELETE" and target.endswith("/ckpt/.metadata.tmp")
+                   for method, target in methods), methods
