@@ -22,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -29,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import lakefs_mount
 from benchmarks.checkpoint import RankPool
 from benchmarks.ckpt_ranks import DataError
 from benchmarks.suite import s3_config
@@ -83,6 +85,7 @@ class Loop:
         hogs = [ctx.Process(target=hog, daemon=True) for _ in range(self.args.hogs)]
         for p in hogs:
             p.start()
+        print(f"lakefs_mount from {Path(lakefs_mount.__file__).parent}", flush=True)
         try:
             for i in range(self.args.iterations):
                 row = self.iteration(i, pool, target, client, bucket)
@@ -171,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="scratch dir (wiped at start, kept at the end: the logs)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     use_bench_credentials()
+
+    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
     return Loop(args).run()
 
 

@@ -243,5 +243,9 @@ def serve(conn: Connection, rank: int, mib: int, endpoint: str) -> None:
             conn.send(("ok", ops[op](**kwargs)))
         except DataError as exc:
             conn.send(("data", str(exc)))
-        except Exception:  # noqa: BLE001 - the driver reports it
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - the driver reports it. DCP's
+            # CheckpointException is a BaseException: it killed the rank, and the driver
+            # saw only "EOFError: " (issue 31's missing .metadata, reason lost)
             conn.send(("error", traceback.format_exc()))
