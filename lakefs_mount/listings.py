@@ -211,10 +211,9 @@ class Listed(Tree):
         need S3's answer, and waiting for its bound (30 s) helps no one."""
         if dir_inode.listed_at:
             answered = await self.within_patience(listing)
-        elif lenient and self.s3_slow() and not self._answered_after(self._slow_at):
-            answered = listing.done.is_set()  # (quiet since: an outage, not a load)
-        else:
-            answered = await self.answered_while_alive(listing)
+        else:  # (S3 slow and quiet since: the probe asks at once, a loaded S3 answers it)
+            quiet = self.s3_slow() and not self._answered_after(self._slow_at)
+            answered = await self.answered_while_alive(listing, quiet=lenient and quiet)
         if not answered:
             waited = trio.current_time() - listing.started
             if not dir_inode.listed_at and not lenient:
@@ -242,23 +241,27 @@ class Listed(Tree):
         return self._answered_after(time.monotonic() - (trio.current_time() - started))
 
     def _answered_after(self, moment: float) -> bool:
-        """Did S3 answer any request after `moment` (monotonic)? One that counted as slow
-        (a listing past a lookup's patience on a loaded machine) and answered reads
-        since is loaded, not gone: a directory never listed waits for its listing then,
-        or a lookup there answers ENOENT for a file S3 has (issue 31: DCP's `.metadata`
-        missing after a cold remount, while the restore's reads were answered)."""
+        """Did S3 answer any request after `moment` (monotonic)?"""
         stats = getattr(self.store.sync, "stats", None)
         return stats is not None and bool(stats.last_answer_at > moment)
 
-    async def answered_while_alive(self, work: UnderWay) -> bool:
+    async def answered_while_alive(self, work: UnderWay, quiet: bool = False) -> bool:
         """Wait for `work` while S3 shows signs of life: where answering without S3 could
         be wrong (a name hidden in a directory never listed, a symlink served as a file),
         a healthy S3 gets the time it takes (a huge listing, a GET on a slow link). Past
         a lookup's patience a HEAD asks whether S3 answers at all; if that goes
-        unanswered for the patience too, S3 counts as slow and False says so."""
+        unanswered for the patience too, S3 counts as slow and False says so.
+
+        `quiet`: S3 counted as slow and has answered nothing since, so the HEAD asks at
+        once (one still unanswered after the patience says no at once: an outage costs a
+        lookup nothing more). Not answering from what the mount knows without asking: one
+        listing past a lookup's patience on a loaded machine counts S3 as slow, and a
+        lookup in a directory never listed then answered ENOENT for a file S3 has (issue
+        31: DCP's `.metadata` missing in a cold mount's restore)."""
         patience = self._recent_patience()
-        with trio.move_on_at(work.started + patience):
-            await work.done.wait()
+        if not quiet:
+            with trio.move_on_at(work.started + patience):
+                await work.done.wait()
         if work.done.is_set():
             return True
         probe = self._probe
