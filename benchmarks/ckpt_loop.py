@@ -11,7 +11,8 @@ processes, `lakefs-mount flush`, then boto3 checks that every file is in S3 unde
 final name right after the flush returned (`.metadata` above all), unmount; a fresh mount
 over a new empty cache, the torch and safetensors loads (cold, they load S3 as in the
 benchmark), then the DCP loads, each compared tensor by tensor. `--hogs N` runs N busy
-Python processes meanwhile (the original run was on a heavily loaded machine). The logs
+Python processes meanwhile (the original run was on a heavily loaded machine), and
+`--s3-load N` N threads writing to the same S3 (there, JuiceFS and rclone). The logs
 and a summary (`summary.json`) stay in `--workdir`; the exit status is 1 if any
 iteration lost or corrupted a file.
 """
@@ -21,9 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -46,6 +49,20 @@ def hog() -> None:  # pragma: no cover - a busy loop until killed
     x = 0
     while True:
         x = (x * 31 + 7) % 1000003
+
+
+def s3_writer(endpoint: str, bucket: str, stop: threading.Event) -> None:
+    """PUTs of 16 MiB objects until `stop`: S3 busy with another writer (in the benchmark,
+    JuiceFS and rclone wrote back, and retried, during the mount's restores)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          config=s3_config(4))
+    body = os.urandom(16 << 20)
+    n = 0
+    while not stop.is_set():
+        client.put_object(Bucket=bucket, Key=f"other-writer/{n % 8}", Body=body)
+        n += 1
 
 
 def s3_keys(client: Any, bucket: str, prefix: str) -> set[str]:
@@ -85,6 +102,12 @@ class Loop:
         hogs = [ctx.Process(target=hog, daemon=True) for _ in range(self.args.hogs)]
         for p in hogs:
             p.start()
+        stop = threading.Event()
+        other = create_warm_bucket(client, f"other-{uuid.uuid4().hex[:6]}")
+        writers = [threading.Thread(target=s3_writer, args=(server.endpoint_url, other, stop),
+                                    daemon=True) for _ in range(self.args.s3_load)]
+        for t in writers:
+            t.start()
         print(f"lakefs_mount from {Path(lakefs_mount.__file__).parent}", flush=True)
         try:
             for i in range(self.args.iterations):
@@ -95,6 +118,7 @@ class Loop:
                     pool.close(wait=5)
                     pool = self.new_pool(server.endpoint_url)
         finally:
+            stop.set()
             for p in hogs:
                 p.kill()
             pool.close()
@@ -170,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, choices=(1, 4), default=1,
                     help="4 adds a DCP save and load at world size 4")
     ap.add_argument("--hogs", type=int, default=0, help="busy processes meanwhile")
+    ap.add_argument("--s3-load", type=int, default=0,
+                    help="threads PUTting 16 MiB objects to the same S3 meanwhile")
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-ckpt-loop",
                     help="scratch dir (wiped at start, kept at the end: the logs)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
