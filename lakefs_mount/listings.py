@@ -168,9 +168,10 @@ class Listed(Tree):
         slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
         name, which a create needs to go on): then what the mount knows of it answers
-        once the listing failed, or at once while S3 is known to be slow and has answered
-        nothing since (the listing lands when S3 answers), S3 is asked again after the
-        TTL, and the log says so once per directory.
+        once the listing failed, or once S3 shows no sign of life (answered_while_alive:
+        at once if a HEAD asking it has gone unanswered for the patience already), the
+        listing lands when S3 answers, S3 is asked again after the TTL, and the log says
+        so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
