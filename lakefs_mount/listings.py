@@ -168,10 +168,9 @@ class Listed(Tree):
         slow): then its last listing answers, and the listing lands when S3 does. One
         never listed waits for S3 and fails if S3 does, unless `lenient` (a lookup by
         name, which a create needs to go on): then what the mount knows of it answers
-        once the listing failed, or once S3 shows no sign of life (answered_while_alive:
-        at once if a HEAD asking it has gone unanswered for the patience already), the
-        listing lands when S3 answers, S3 is asked again after the TTL, and the log says
-        so once per directory.
+        once the listing failed, or once S3 shows no sign of life for a lookup's patience
+        (answered_while_alive), the listing lands when S3 answers, S3 is asked again
+        after the TTL, and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
         outcome instead of sending their own (8 readers opening files of a new directory
@@ -212,7 +211,7 @@ class Listed(Tree):
         need S3's answer, and waiting for its bound (30 s) helps no one."""
         if dir_inode.listed_at:
             answered = await self.within_patience(listing)
-        else:  # (S3 slow and quiet since: the probe asks at once, a loaded S3 answers it)
+        else:
             quiet = self.s3_slow() and not self._answered_after(self._slow_at)
             answered = await self.answered_while_alive(listing, quiet=lenient and quiet)
         if not answered:
@@ -253,17 +252,23 @@ class Listed(Tree):
         a lookup's patience a HEAD asks whether S3 answers at all; if that goes
         unanswered for the patience too, S3 counts as slow and False says so.
 
-        `quiet`: S3 counted as slow and has answered nothing since, so the HEAD asks at
-        once (one still unanswered after the patience says no at once: an outage costs a
-        lookup nothing more). Not answering from what the mount knows without asking: one
-        listing past a lookup's patience on a loaded machine counts S3 as slow, and a
-        lookup in a directory never listed then answered ENOENT for a file S3 has (issue
-        31: DCP's `.metadata` missing in a cold mount's restore)."""
+        `quiet`: S3 counted as slow and has answered nothing since. It gets the patience
+        too, and if it answers anything meanwhile (the slow listing that marked it), the
+        wait goes on; no HEAD is sent (one sent into an outage is still unanswered for a
+        while after S3 is back, and would make it look quiet then). Before, such a lookup
+        answered from what the mount knows at once: one listing past a lookup's patience
+        on a loaded machine counts S3 as slow, and a lookup in a directory never listed
+        then answered ENOENT for a file S3 has (issue 31: DCP's `.metadata` missing in a
+        cold mount's restore)."""
         patience = self._recent_patience()
-        if not quiet:
-            with trio.move_on_at(work.started + patience):
-                await work.done.wait()
+        with trio.move_on_at(work.started + patience):
+            await work.done.wait()
         if work.done.is_set():
+            return True
+        if quiet:
+            if not self._answered_after(self._slow_at):
+                return False
+            await work.done.wait()
             return True
         probe = self._probe
         if probe is None or probe.done.is_set():  # (one under way at a time, in a black hole)
