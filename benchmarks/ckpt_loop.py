@@ -4,7 +4,8 @@ cold remount, and the daemon log was lost with the benchmark's scratch directory
 
 `python -m benchmarks.ckpt_loop [--iterations 20] [--mib 64] [--hogs 2] [--world 4]`
 
-Each iteration, in a fresh prefix of one bucket, as the checkpoint benchmark's round does:
+Each iteration, in a bucket of its own (deleted after it: SeaweedFS frees space per
+bucket), as the checkpoint benchmark's round does:
 mount (native session, a new empty cache dir), torch.save, safetensors save_file and a DCP
 save (FileSystemWriter, world size 1; also world size 4 with `--world 4`) by rank
 processes, `lakefs-mount flush`, then boto3 checks that every file is in S3 under its
@@ -40,6 +41,7 @@ from benchmarks.suite import s3_config
 from benchmarks.targets import (
     LakefsTarget,
     create_warm_bucket,
+    delete_bucket,
     start_embedded_s3,
     use_bench_credentials,
 )
@@ -51,18 +53,25 @@ def hog() -> None:  # pragma: no cover - a busy loop until killed
         x = (x * 31 + 7) % 1000003
 
 
-def s3_writer(endpoint: str, bucket: str, stop: threading.Event) -> None:
+def s3_writer(endpoint: str, stop: threading.Event) -> None:
     """PUTs of 16 MiB objects until `stop`: S3 busy with another writer (in the benchmark,
-    JuiceFS and rclone wrote back, and retried, during the mount's restores)."""
+    JuiceFS and rclone wrote back, and retried, during the mount's restores); a new
+    bucket every 512 MiB, the last one deleted (the disk is not filled)."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           config=s3_config(4))
     body = os.urandom(16 << 20)
+    bucket = ""
     n = 0
     while not stop.is_set():
-        client.put_object(Bucket=bucket, Key=f"other-writer/{n % 8}", Body=body)
+        if n % 32 == 0:
+            if bucket:
+                delete_bucket(client, bucket)
+            bucket = create_warm_bucket(client, f"other-{uuid.uuid4().hex[:6]}")
+        client.put_object(Bucket=bucket, Key=f"object-{n % 32}", Body=body)
         n += 1
+    delete_bucket(client, bucket)
 
 
 def s3_keys(client: Any, bucket: str, prefix: str) -> set[str]:
@@ -94,24 +103,24 @@ class Loop:
 
         client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
                               config=s3_config(16))
-        bucket = create_warm_bucket(client, f"loop-{uuid.uuid4().hex[:6]}")
         pool = self.new_pool(server.endpoint_url)
-        target = LakefsTarget(self.work / "mount", server.endpoint_url, bucket, "auto",
+        target = LakefsTarget(self.work / "mount", server.endpoint_url, "", "auto",
                               ("--part-size", "16M"), session="native")
         ctx = mp.get_context("spawn")
         hogs = [ctx.Process(target=hog, daemon=True) for _ in range(self.args.hogs)]
         for p in hogs:
             p.start()
         stop = threading.Event()
-        other = create_warm_bucket(client, f"other-{uuid.uuid4().hex[:6]}")
-        writers = [threading.Thread(target=s3_writer, args=(server.endpoint_url, other, stop),
+        writers = [threading.Thread(target=s3_writer, args=(server.endpoint_url, stop),
                                     daemon=True) for _ in range(self.args.s3_load)]
         for t in writers:
             t.start()
         print(f"lakefs_mount from {Path(lakefs_mount.__file__).parent}", flush=True)
         try:
             for i in range(self.args.iterations):
-                row = self.iteration(i, pool, target, client, bucket)
+                target.bucket = create_warm_bucket(client, f"loop-{i}-{uuid.uuid4().hex[:6]}")
+                row = self.iteration(i, pool, target, client, target.bucket)
+                delete_bucket(client, target.bucket)
                 self.results.append(row)
                 self.write_summary()
                 if "error" in row:  # a failed load may leave a rank (or its group) broken
@@ -121,6 +130,8 @@ class Loop:
             stop.set()
             for p in hogs:
                 p.kill()
+            for t in writers:
+                t.join(60)
             pool.close()
             target.kill()
             server.stop(timeout=5)
