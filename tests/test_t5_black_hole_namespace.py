@@ -240,14 +240,14 @@ def test_a_lookup_in_a_directory_never_listed_waits_for_a_slow_listing_while_s3_
     assert took >= 3.5, took  # it waited for the listing (held 4 s), not a moment
 
 
-def test_a_lookup_in_a_directory_never_listed_asks_s3_when_a_listing_was_slow(
+def test_a_lookup_in_a_directory_never_listed_waits_for_s3_after_a_slow_listing(
         mount_factory, s3, fault_proxy):
     """DCP's `.metadata` was missing after a cold remount (issue 31): on a loaded machine
     one listing took longer than a lookup's patience, so S3 counted as slow for 10 s,
     and a lookup in a directory never listed then answered ENOENT at once from what the
-    mount knew (nothing there), although S3 answered everything else. Now the HEAD that
-    asks whether S3 answers at all goes first; S3 answers it, so the lookup waits for the
-    listing (an outage, where it goes unanswered, still costs one patience)."""
+    mount knew (nothing there), although S3 answered everything else. Now the listing
+    gets a lookup's patience, and longer while S3 answers anything (an outage, where
+    nothing answers, costs one patience per directory)."""
     s3.put("ckpt/.metadata", b"meta", {})
     fault_proxy.parse_requests = True
     m = mount_factory("--metadata-ttl", "1", endpoint_url=fault_proxy.endpoint_url)
