@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,7 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
+from lakefs_mount.cache.slots import Slots
 from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.crc import crc32c_combine
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
@@ -83,8 +85,10 @@ class Flusher:
         self.journal = cache.journal
         self.parts = cache.parts
         self.metrics = cache.metrics
-        self._slots = trio.Semaphore(concurrency)
-        self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
+        express = max(1, concurrency // 4)  # for the files a flush waits for (cache/slots)
+        self._slots = Slots(concurrency, express)
+        self._commit_slots = Slots(max(2, concurrency), express)
+        self._flushing: Counter[CachedFile] = Counter()  # targets of the flushes under way
         self._part_queue = demand.parts
         self._committing = demand.committing
         self._commit_wanted = demand.commit_wanted
@@ -158,6 +162,18 @@ class Flusher:
         errors_before = {cf: cf.error_count for cf, _ in targets}
         started = time.monotonic()
         self.store.wake_retries()  # S3 may be back: do not sit out a long backoff
+        self._flushing.update(cf for cf, _ in targets)
+        try:
+            for slots in (self._slots, self._commit_slots):  # ahead of the background
+                slots.prioritize(self._flushing.__contains__)
+            await self._flush_wait(targets, errors_before, started, on_progress)
+        finally:
+            self._flushing.subtract(cf for cf, _ in targets)
+            self._flushing = +self._flushing  # (drops the files no flush waits for)
+
+    async def _flush_wait(self, targets: list[tuple[CachedFile, int]],
+                          errors_before: dict[CachedFile, int], started: float,
+                          on_progress: object) -> None:
         for cf, _ in targets:
             self.request_commit(cf)
         while True:
@@ -307,7 +323,7 @@ class Flusher:
         ch.settled = trio.Event()
         gen = ch.gen
         try:
-            async with self._slots:
+            async with self._slots.hold(cf, cf in self._flushing):
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
@@ -370,7 +386,7 @@ class Flusher:
             in_base = cf.base_key is not None and end <= cf.base_size
             if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
                 assert cf.base_key is not None
-                async with self._slots:
+                async with self._slots.hold(cf, cf in self._flushing):
                     etag = await self._s3(cf, f"UploadPartCopy {key} #{idx + 1}",
                                           self.store.sync.upload_part_copy, key, upload_id,
                                           idx + 1, cf.base_key, start, end)
@@ -401,7 +417,7 @@ class Flusher:
         try:
             while self.gate is not None and self.gate.busy(cf.key):
                 await self.gate.wait_clear(cf.key)  # (a rename may change the key)
-            async with self._commit_limiter, cf.commit_lock:
+            async with self._commit_slots.hold(cf, cf in self._flushing), cf.commit_lock:
                 while True:
                     if self.gate is not None and self.gate.busy(cf.key):
                         break  # a change of its name came first: re-requested below
@@ -470,7 +486,8 @@ class Flusher:
             key = cf.key
             declare = self.checksums.send
             crcs: list[int] = []
-            async with self._slots, self.cache.part_reader(cf, 0, size) as source:
+            async with (self._slots.hold(cf, cf in self._flushing),
+                        self.cache.part_reader(cf, 0, size) as source):
                 def put() -> str:  # the file is read here too, not in the trio loop
                     data = source.read(0, size)
                     crcs[:] = [crc32c.crc32c(data)] if declare else []
