@@ -528,11 +528,6 @@ class Flusher:
             await self.journal(self.journal.sync.end_upload, upload_id)
             cf.upload_id = cf.upload_key = None
             cf.upload_checksum = False
-            if key != cf.key:  # renamed while its upload was open
-                etag = await self._s3(cf, f"CopyObject {key}", self.store.sync.copy,
-                                      key, cf.key, None)
-                self.metrics[m.SERVER_SIDE_COPIES] += 1
-                await self._s3(cf, f"DeleteObject {key}", self.store.sync.delete, key)
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
@@ -578,10 +573,14 @@ class Flusher:
         return True
 
     async def abandon_upload(self, cf: CachedFile) -> None:
-        """A rename of a file whose upload is open at the old key: abort it, so the parts
-        go to the new key from the cache instead of a server-side copy afterwards."""
+        """A rename of a file whose upload is open at the old key: the parts go again, to
+        the new key, from the cache. The upload is aborted in the background (a rename
+        never waits for S3); nothing is ever completed at the old name."""
         if cf.upload_id is not None:
-            await self._abort_upload(cf)
+            self.cache.detach_upload(cf)
+            self._uploaded_to_dirty(cf)
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.forget_uploads, cf.fid)
 
     async def _abort_upload(self, cf: CachedFile) -> None:
         assert cf.upload_id is not None and cf.upload_key is not None

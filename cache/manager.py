@@ -169,14 +169,9 @@ class CacheManager:
             await self.journal(self.journal.sync.rekey_cached, cf.fid, key)
 
     async def discard(self, cf: CachedFile) -> None:
-        """The file was unlinked: forget what it still had to upload; abort its upload,
-        in the background (an unlink must not wait for S3: until the abort is done the
-        upload is an orphan of the journal, which the next mount aborts)."""
-        if cf.upload_id is not None and cf.upload_key is not None:
-            upload_id, upload_key = cf.upload_id, cf.upload_key
-            cf.upload_id = cf.upload_key = None
-            if self._nursery is not None:
-                self._nursery.start_soon(self._abort_orphan, upload_key, upload_id)
+        """The file was unlinked: forget what it still had to upload; abort its upload
+        in the background (an unlink must not wait for S3)."""
+        self.detach_upload(cf)
         self.book.release_dirty(cf)
         if cf.in_journal and cf.fid is not None:
             await self.journal(self.journal.sync.drop_file, cf.fid)
@@ -184,12 +179,26 @@ class CacheManager:
         cf.unlinked = True
         cf.version += 1
 
+    def detach_upload(self, cf: CachedFile) -> None:
+        """Take the file's open upload off it, and abort it in the background: until the
+        abort is done the upload is an orphan of the journal, which the next mount
+        aborts. The caller makes the journal forget it (or drops the file's row)."""
+        if cf.upload_id is not None and cf.upload_key is not None:
+            upload_id, upload_key = cf.upload_id, cf.upload_key
+            cf.upload_id = cf.upload_key = None
+            cf.upload_checksum = False
+            if self._nursery is not None:
+                self._nursery.start_soon(self._abort_orphan, upload_key, upload_id)
+
     async def _abort_orphan(self, upload_key: str, upload_id: str) -> None:
         try:
-            await self.store.call(self.store.sync.abort_multipart, upload_key, upload_id)
-            await self.journal(self.journal.sync.end_upload, upload_id)
+            # retried like data (an outage ends it; the unmount cancels it)
+            await self.store.retrying(f"AbortMultipartUpload {upload_key}",
+                                      self.store.sync.abort_multipart, upload_key, upload_id)
         except Exception as exc:  # the orphan is aborted at the next mount
             log.warning("abort of upload for %s failed: %s", upload_key, exc)
+            return
+        await self.journal(self.journal.sync.end_upload, upload_id)
 
     def close_file(self, cf: CachedFile) -> None:
         """Last handle closed on an unlinked file: its cache file goes away."""
