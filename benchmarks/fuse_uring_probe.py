@@ -9,7 +9,7 @@ which also fetches the next request: one io_uring_enter per batch). Each mount r
 workloads from this process:
 
 - `stat`: os.stat of existing files with entry and attribute timeouts of 0, so each stat is
-  a LOOKUP and a GETATTR (the metadata shape: lookups and getattrs of small files);
+  three requests, LOOKUP and GETATTRs (the metadata shape: lookups and getattrs);
 - `create`: open(O_CREAT|O_EXCL) + close of new files (CREATE, FLUSH, RELEASE);
 - `read`: sequential 1 MiB read() of files served from memory, page cache dropped by each
   open, the mount's read-ahead at 1 MiB: 1 MiB READs, the cold-read shape without S3.
@@ -17,10 +17,16 @@ workloads from this process:
 Per workload it reports the requests the daemon served, the daemon's CPU time per request
 (all its threads, /proc/PID/task/*/schedstat: user + kernel, so the kernel's copies of
 requests and replies count where they run) and the wall time per request, and the ratios
-io_uring / /dev/fuse within each round, with their medians. The daemon is a plain
-synchronous loop, not the trio session: its per-request Python is a small fraction of the
-real daemon's, so the transport's share, and any gain from changing it, is the largest it
-can be here (an upper bound for the real session).
+io_uring / /dev/fuse within each round, with their medians, as a Markdown table.
+
+Daemon shapes: `--loop plain` (default) is a synchronous loop with a minimal handler, where
+the transport's share of the work, and so any gain from changing it, is the largest it can
+be; `--loop trio` serves each request in a trio task as the native session does (eventfd
+registered with the ring; commits batched per loop turn, or with `--taskrun direct` entered
+by each task itself). `--clients N` runs stat and create in N processes at once (requests
+in flight at the same time, so that io_uring can batch); `--read-in-place` has READ copy
+its data once into the reply buffer both ways (the cache-file shape) instead of answering
+from memory (the S3 shape, where io_uring adds a copy into the ring entry).
 
 `/sys/module/fuse/parameters/enable_uring` is set to Y for the io_uring mounts and put back
 to what it was at the end. Throwaway quality: the ring code here is the probe's own; only
@@ -60,7 +66,6 @@ SETUP_SQE128 = 1 << 10
 OP_POLL_ADD = 6
 OP_URING_CMD = 46
 URING_HEADER = 128 + 128 + 32  # in_out, op_in, fuse_uring_ent_in_out
-ENT_IN_OUT = struct.Struct("<QQIIQ")  # flags commit_id payload_sz padding reserved
 CMD_REQ = struct.Struct("<QQH6x")  # flags commit_id qid
 SQE128_HEAD = struct.Struct("<BBHiIIQIIQHHI")  # opcode flags ioprio fd cmd_op pad addr len
 #                                               op_flags user_data buf_index personality fi
@@ -77,7 +82,8 @@ MAX_PAGES = 256
 
 # the size of each opcode's fixed header (in_args[0]): io_uring hands it in `op_in`, the
 # rest (names, data) in the payload; /dev/fuse sends both back to back after the header
-OP_HEADER = {wire.Op.GETATTR: 16, wire.Op.OPEN: 8, wire.Op.READ: 40, wire.Op.RELEASE: 24,
+OP_HEADER: dict[int, int] = {
+             wire.Op.GETATTR: 16, wire.Op.OPEN: 8, wire.Op.READ: 40, wire.Op.RELEASE: 24,
              wire.Op.FLUSH: 24, wire.Op.CREATE: 16, wire.Op.GETXATTR: 8,
              wire.Op.OPENDIR: 8, wire.Op.RELEASEDIR: 24, wire.Op.SETATTR: 88,
              wire.Op.ACCESS: 8, wire.Op.FORGET: 8, wire.Op.INTERRUPT: 8}
@@ -150,7 +156,7 @@ class Counters:
         return sum(self.array)
 
 
-def _init_reply(fd: int, buf: bytes, uring: bool) -> None:
+def _init_reply(fd: int, buf: bytes | bytearray, uring: bool) -> None:
     length, opcode, unique, *_ = wire.IN_HEADER.unpack_from(buf)
     assert opcode == wire.Op.INIT, opcode
     major, minor, readahead, flags, flags2 = wire.INIT_IN.unpack_from(buf, wire.IN_HEADER.size)
@@ -174,15 +180,25 @@ def _send(fd: int, unique: int, err: int, parts: list[bytes | memoryview]) -> No
             raise
 
 
-def _serve_dev_request(fs: MemFS, fd: int, view: memoryview, n: int, counts: Counters,
-                       out: memoryview) -> None:
+def _dev_header(fd: int, view: memoryview, counts: Counters) -> tuple[int, int, int] | None:
+    """(opcode, unique, nodeid) of the request read into `view`, counted; None for one
+    answered here (INTERRUPT: not seen) or not at all (FORGET)."""
     _, op, unique, nodeid, *_ = wire.IN_HEADER.unpack_from(view)
     counts.array[op] += 1
     if op in (wire.Op.FORGET, wire.Op.BATCH_FORGET):
-        return
+        return None
     if op == wire.Op.INTERRUPT:
         _send(fd, unique, errno.EAGAIN, [])
+        return None
+    return op, unique, nodeid
+
+
+def _serve_dev_request(fs: MemFS, fd: int, view: memoryview, n: int, counts: Counters,
+                       out: memoryview) -> None:
+    head = _dev_header(fd, view, counts)
+    if head is None:
         return
+    op, unique, nodeid = head
     cut = wire.IN_HEADER.size + OP_HEADER.get(op, 0)
     err, parts = fs.handle(op, nodeid, view[wire.IN_HEADER.size:cut], view[cut:n], out)
     _send(fd, unique, err, parts)
@@ -412,18 +428,14 @@ async def serve_dev_trio(fs: MemFS, fd: int, counts: Counters) -> None:
                     nursery.cancel_scope.cancel()
                     return
                 raise
-            _, op, unique, nodeid, *_ = wire.IN_HEADER.unpack_from(view)
-            counts.array[op] += 1
-            if op in (wire.Op.FORGET, wire.Op.BATCH_FORGET):
-                continue
-            if op == wire.Op.INTERRUPT:
-                _send(fd, unique, errno.EAGAIN, [])
-                continue
-            nursery.start_soon(one, op, unique, nodeid, bytes(view[wire.IN_HEADER.size:n]))
+            head = _dev_header(fd, view, counts)
+            if head is not None:
+                nursery.start_soon(one, *head, bytes(view[wire.IN_HEADER.size:n]))
             await trio.lowlevel.checkpoint()
 
 
-async def serve_uring_trio(fs: MemFS, fd: int, counts: Counters, depth: int) -> None:
+async def serve_uring_trio(fs: MemFS, fd: int, counts: Counters, depth: int,
+                           direct: bool) -> None:
     """FUSE over io_uring in the trio loop: an eventfd (registered with the ring) wakes
     the loop, a task per request fills its entry, and the commits queued during a loop
     turn go to the kernel in one io_uring_enter."""
@@ -445,7 +457,10 @@ async def serve_uring_trio(fs: MemFS, fd: int, counts: Counters, depth: int) -> 
         await trio.lowlevel.checkpoint()  # the real handler awaits the file system
         err, parts = fs.handle(op, nodeid, head, rest, ent.payload_view)
         _uring_commit(ring, user_data, ent, unique, commit_id, err, parts)
-        wake[0].set()
+        if direct:  # its own io_uring_enter: no hop through the submitter task
+            ring.enter(0)
+        else:
+            wake[0].set()
 
     async def submitter() -> None:
         """One io_uring_enter for all the commits queued during a loop turn."""
@@ -504,7 +519,7 @@ def _daemon(mode: str, mnt: str, counts: Counters, files: int, size: int, depth:
     device.mount(fd, Path(mnt), fsname="uringprobe", subtype="uringprobe", allow_other=False,
                  read_only=False)
     if mode == "uring" and loop == "trio":
-        trio.run(serve_uring_trio, fs, fd, counts, depth)
+        trio.run(serve_uring_trio, fs, fd, counts, depth, taskrun == "direct")
     elif mode == "uring":
         serve_uring(fs, fd, counts, depth, taskrun)
     elif loop == "trio":
@@ -586,6 +601,8 @@ def _measure(mode: str, args: argparse.Namespace, base: Path, rnd: int) -> dict[
         target=_daemon, args=(mode, str(mnt), counts, args.files, args.mib * MiB, args.depth,
                                   args.taskrun, args.read_in_place, args.loop))
     proc.start()
+    pid = proc.pid
+    assert pid is not None
     out: dict[str, dict] = {}
     try:
         deadline = time.monotonic() + 10
@@ -601,17 +618,15 @@ def _measure(mode: str, args: argparse.Namespace, base: Path, rnd: int) -> dict[
             ("read", lambda: _wl_read(str(mnt), args.files)),
         ]
         for name, work in workloads:
-            req0, cpu0, cli0 = counts.total(), _cpu_ns(proc.pid), time.process_time()
-            us0 = _user_sys(proc.pid)
+            req0, cpu0, us0 = counts.total(), _cpu_ns(pid), _user_sys(pid)
             t0 = time.perf_counter()
             work()
             wall = time.perf_counter() - t0
             time.sleep(0.05)  # RELEASEs are sent asynchronously
             requests = counts.total() - req0
-            us1 = _user_sys(proc.pid)
+            us1 = _user_sys(pid)
             out[name] = {"requests": requests, "wall": wall,
-                         "daemon_cpu": (_cpu_ns(proc.pid) - cpu0) / 1e9,
-                         "client_cpu": time.process_time() - cli0,
+                         "daemon_cpu": (_cpu_ns(pid) - cpu0) / 1e9,
                          "user": us1[0] - us0[0], "sys": us1[1] - us0[1],
                          "via_dev": counts.array[63]}
     finally:
@@ -632,8 +647,10 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=1,
                         help="processes running stat and create at once")
-    parser.add_argument("--taskrun", choices=sorted(TASKRUN), default="plain",
-                        help="how the daemon's ring runs the kernel's completion work")
+    parser.add_argument("--taskrun", choices=sorted(TASKRUN) + ["direct"], default="plain",
+                        help="how the daemon's ring runs the kernel's completion work (plain "
+                             "loop); with --loop trio, `direct` has each request task enter "
+                             "the ring itself instead of batching commits per loop turn")
     parser.add_argument("--read-in-place", action="store_true",
                         help="READ data copied once into the reply buffer both ways (the "
                              "cache-file shape) instead of answered from memory")
@@ -642,6 +659,8 @@ def main() -> None:
                              "request as the native session")
     parser.add_argument("--depth", type=int, default=8, help="ring entries per queue")
     args = parser.parse_args()
+    if (args.taskrun == "direct") != (args.loop == "trio") and args.taskrun != "plain":
+        parser.error("--taskrun direct goes with --loop trio; coop and defer with --loop plain")
     if os.geteuid() != 0:
         raise SystemExit("fuse_uring_probe: needs root (mount(2), sysfs); run it as root")
     if not ENABLE_URING.exists():
@@ -695,4 +714,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
