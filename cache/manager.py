@@ -16,6 +16,7 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -50,7 +51,10 @@ class CacheManager:
     def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
                  max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
-                 open_files: int = 1024, direct_io: bool = True) -> None:
+                 open_files: int = 1024, direct_io: bool = True,
+                 on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None
+                 ) -> None:
+        """`on_uploaded`: told of the bytes of each chunk that reached S3 (status)."""
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.engine = engine
@@ -65,7 +69,8 @@ class CacheManager:
         self.cachefiles = CacheFiles(self.data_dir, journal, self.fds)
         self.files = self.cachefiles.by_fid  # every file with a cache file, by fid
         self.demand = UploadDemand(parts, self.files)
-        self.book = ChunkBook(parts, self.budget, self.demand, metrics, max_dirty)
+        self.book = ChunkBook(parts, self.budget, self.demand, metrics, max_dirty,
+                              on_uploaded)
         self.evictor = Evictor(self.book, self.cachefiles, journal, engine, metrics)
         self.room = DiskRoom(self.data_dir, journal, self.evictor, self.demand, metrics)
         self.fetcher = Fetcher(self.book, self.cachefiles, self.room, journal, store,

@@ -169,12 +169,16 @@ class Daemon:
                                       self.store, self.parts, self.metrics,
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
-                                      open_files=_cache_fd_budget())
-            self.cache.book.on_uploaded = self.dirs.uploaded
+                                      open_files=_cache_fd_budget(),
+                                      on_uploaded=self.dirs.uploaded)
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
+            renames_to_commit = (RenameCommits(self, config.commit_on_rename)
+                                 if config.commit_on_rename else None)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
-                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags))
+                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags),
+                                         on_record=None if renames_to_commit is None
+                                         else renames_to_commit.noticed)
             replayed = await names.load()
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
@@ -215,8 +219,8 @@ class Daemon:
                     if not config.read_only:
                         nursery.start_soon(probe_endpoint, self.plain_store, config.prefix,
                                            self.flusher.checksums)
-                    if config.commit_on_rename:
-                        nursery.start_soon(RenameCommits(self, config.commit_on_rename).run)
+                    if renames_to_commit is not None:
+                        nursery.start_soon(renames_to_commit.run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
                              session.name)
