@@ -240,22 +240,22 @@ class Flusher:
 
     async def _ensure_upload(self, cf: CachedFile) -> tuple[str, str]:
         async with cf.upload_lock:
-            if cf.upload_id is None or cf.upload_key is None:
-                key = cf.key
-                assert cf.fid is not None
-                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
-                # S3 keeps the whole object's CRC-32C only if every part has one: not
-                # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base_key is None
-                upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
-                                           self.store.sync.create_multipart, key,
-                                           self._metadata(cf), checksum)
-                assert isinstance(upload_id, str) and cf.fid is not None
-                cf.upload_id, cf.upload_key = upload_id, key
-                cf.upload_checksum = checksum
-                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
-                                   checksum)
-            return cf.upload_key, cf.upload_id
+            if cf.upload_id is not None and cf.upload_key is not None:
+                return cf.upload_key, cf.upload_id
+            key = cf.key
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.intend_upload, cf.fid, key)
+            # S3 keeps the whole object's CRC-32C only if every part has one: not where
+            # parts may be copied from a base object (UploadPartCopy)
+            checksum = self.checksums.full_object and cf.base_key is None
+            upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
+                                       self.store.sync.create_multipart, key,
+                                       self._metadata(cf), checksum)
+            assert isinstance(upload_id, str) and cf.fid is not None
+            cf.start_upload(upload_id, key, checksum)
+            await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
+                               checksum)
+            return key, upload_id
 
     async def _forget_upload(self, cf: CachedFile) -> None:
         """An upload vanished (aborted elsewhere, expired): its parts go up again.
@@ -279,8 +279,7 @@ class Flusher:
         _note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
                         f"expired behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
-        cf.upload_id = cf.upload_key = None
-        cf.upload_checksum = False
+        cf.take_upload()
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
@@ -526,8 +525,7 @@ class Flusher:
                                   listed, crc if cf.upload_checksum else None)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
-            cf.upload_id = cf.upload_key = None
-            cf.upload_checksum = False
+            cf.take_upload()
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
@@ -587,8 +585,7 @@ class Flusher:
         await self._s3(cf, f"AbortMultipartUpload {cf.upload_key}",
                        self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await self.journal(self.journal.sync.end_upload, cf.upload_id)
-        cf.upload_id = cf.upload_key = None
-        cf.upload_checksum = False
+        cf.take_upload()
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)

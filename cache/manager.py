@@ -188,12 +188,9 @@ class CacheManager:
         """Take the file's open upload off it, and abort it in the background: until the
         abort is done the upload is an orphan of the journal, which the next mount
         aborts. The caller makes the journal forget it (or drops the file's row)."""
-        if cf.upload_id is not None and cf.upload_key is not None:
-            upload_id, upload_key = cf.upload_id, cf.upload_key
-            cf.upload_id = cf.upload_key = None
-            cf.upload_checksum = False
-            if self._nursery is not None:
-                self._nursery.start_soon(self._abort_orphan, upload_key, upload_id)
+        taken = cf.take_upload()
+        if taken is not None and self._nursery is not None:
+            self._nursery.start_soon(self._abort_orphan, *taken)
 
     async def _abort_orphan(self, upload_key: str, upload_id: str) -> None:
         try:

@@ -99,7 +99,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                              store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await journal(journal.sync.forget_uploads, rec.fid)
         await journal(journal.sync.end_upload, cf.upload_id)
-        cf.upload_id = cf.upload_key = None
+        cf.take_upload()
         report.uploads_restarted += 1
     elif cf.upload_id is not None and cf.upload_key is not None:
         try:
@@ -108,7 +108,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
         except NoSuchUpload:
             await journal(journal.sync.forget_uploads, rec.fid)
             await journal(journal.sync.end_upload, cf.upload_id)
-            cf.upload_id = cf.upload_key = None
+            cf.take_upload()
             report.uploads_restarted += 1
     for idx, (state, etag) in chunks.items():
         start, end = parts.chunk_range(idx)
