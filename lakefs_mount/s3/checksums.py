@@ -33,10 +33,12 @@ PROBE_SECONDS = 10.0  # a slow endpoint leaves the answer unknown, never the mou
 class ChecksumUse:
     """`send`: parts and objects declare their CRC-32C (off only for measurements).
     `verified`: the endpoint rejected a wrong checksum (True), accepted it (False), or the
-    probe could not tell (None)."""
+    probe could not tell (None). `trailer`: it takes a part's CRC-32C in an aws-chunked
+    trailer (parts are read once) rather than only in a header (hashed first)."""
 
     send: bool = True
     verified: bool | None = None
+    trailer: bool = False
 
     @classmethod
     def from_environment(cls) -> ChecksumUse:
@@ -54,11 +56,14 @@ class ChecksumUse:
             return "off"
         if self.verified is None:
             return "crc32c (whether this endpoint verifies it is unknown)"
-        return "crc32c (verified by S3)" if self.verified else \
-            "crc32c (not verified by this endpoint)"
+        if not self.verified:
+            return "crc32c (not verified by this endpoint)"
+        return "crc32c (verified by S3, " + ("in an aws-chunked trailer)" if self.trailer
+                                            else "in a header)")
 
     def to_json(self) -> dict[str, object]:
-        return {"algorithm": "crc32c" if self.send else None, "verified": self.verified}
+        return {"algorithm": "crc32c" if self.send else None, "verified": self.verified,
+                "trailer": self.trailer}
 
 
 REJECTED = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch")
@@ -130,6 +135,5 @@ async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> N
                                                          abandon_on_cancel=True)
         except Exception as exc:  # (a probe never fails the mount)
             log.warning("checksum probe of the endpoint failed: %s", exc)
-    log.info("upload checksums: %s%s", use.describe(),
-             ", parts with an aws-chunked trailer"
-             if getattr(store, "trailing_checksums", False) else "")
+    use.trailer = bool(getattr(store, "trailing_checksums", False))
+    log.info("upload checksums: %s", use.describe())
