@@ -159,7 +159,6 @@ class Daemon:
         self.exit_status = 0  # 1: it exits before S3 has it all (a second signal, ...)
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
-        self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
         self.invalidations = Invalidations()  # remote changes the kernel is told of
         self.dirs = DirProgress(config.prefix)  # per-checkpoint progress (status)
 
@@ -190,6 +189,8 @@ class Daemon:
                                    on_committed=lambda cf: ns.index_changed(
                                        parent_dir_key(config.prefix, cf.key)),
                                    gate=names)
+            self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix,
+                                                  self.flusher.checksums)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
                                  read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")

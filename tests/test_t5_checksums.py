@@ -29,7 +29,8 @@ from mounting import CLI, Mount, cli
 
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import MIGRATIONS, PendingFile
-from lakefs_mount.manifest import encode_crc
+from lakefs_mount.dirindex import INDEX_FOLDER
+from lakefs_mount.manifest import MANIFEST_NAME, encode_crc
 from lakefs_mount.s3 import trailer
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.store import S3ObjectStore
@@ -361,3 +362,43 @@ def test_an_embedded_mount_keys_its_server_and_sends_parts_with_a_trailer(tmp_pa
         for pid in EmbeddedS3(state)._leftover_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_corrupted_manifest_and_index_are_refused_by_s3_and_sent_again(
+        mount_factory, fault_proxy, s3) -> None:
+    """The commit manifest and the directory's attribute index go up with their CRC-32C
+    in a header, as file objects do: the proxy flips a byte in each PUT, SeaweedFS
+    refuses both, the mount sends them again, and both land as written."""
+    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    assert _wait_probed(m)["checksums"] == HEADER
+    fault_proxy.corrupt_body(INDEX_FOLDER)
+    (m.path / "ck").mkdir()
+    data = os.urandom(100_000)
+    (m.path / "ck" / "a.bin").write_bytes(data)
+    assert m.flush().returncode == 0, m.log_tail()
+    fault_proxy.corrupt_body(MANIFEST_NAME)
+    done = cli("commit", str(m.path), "ck")
+    assert done.returncode == 0, done.stderr + m.log_tail()
+
+    deadline = time.monotonic() + 20  # (the index goes up after the flush, in its own time)
+    while len(fault_proxy.corrupted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(INDEX_FOLDER in t for t in fault_proxy.corrupted) == [False, True], \
+        fault_proxy.corrupted
+    assert any(t.split("?")[0].endswith(MANIFEST_NAME) for t in fault_proxy.corrupted)
+    assert m.log_tail(400).count("do not match their checksum") >= 2, m.log_tail(400)
+    got = s3.get(f"ck/{MANIFEST_NAME}")
+    assert got is not None
+    manifest = json.loads(got[1])
+    assert [(f["key"], f["checksum"]["value"]) for f in manifest["files"]] == \
+        [("a.bin", encode_crc(crc32c.crc32c(data)))]
+    head = s3.head(f"ck/{MANIFEST_NAME}", checksum=True)
+    assert head is not None and head.crc32c == encode_crc(crc32c.crc32c(got[1])), head
+    indexes = [o.key for o in s3.list_recursive(INDEX_FOLDER)]
+    assert indexes, "no attribute index was written"
+    for key in indexes:
+        body = s3.get(key)
+        assert body is not None and json.loads(body[1]), key  # whole, parseable
+        head = s3.head(key, checksum=True)
+        assert head is not None and head.crc32c == encode_crc(crc32c.crc32c(body[1])), key

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import crc32c
 import trio
 
+from lakefs_mount.s3.crc import crc32c_of
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ class ChecksumUse:
         """On unless OFF_VARIABLE is "off": for measuring what they cost, not an option
         for users (a corrupted transfer would then land in S3)."""
         return cls(send=os.environ.get(OFF_VARIABLE, "").lower() != "off")
+
+    def crc_of(self, body: bytes) -> int | None:
+        """The CRC-32C a PutObject of `body` declares (None with checksums off): in a
+        header, after a pass over it, which for a manifest or an index is a few KiB."""
+        return crc32c_of(body) if self.send else None
 
     @property
     def full_object(self) -> bool:
