@@ -352,10 +352,13 @@ class Flusher:
                          start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
         (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
-        With checksums, the store declares that CRC to S3 (s3/checksums)."""
+        The store declares that CRC to S3 (s3/checksums) only in an upload created with
+        a checksum type: AWS refuses a part's checksum in an upload created without one
+        ("Checksum Type mismatch"), which the probe not yet done at the upload's start,
+        a base object to copy parts from, or an older journal make."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
-        declare = self.checksums.send
+        declare = cf.upload_checksum and cf.upload_id == upload_id
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)

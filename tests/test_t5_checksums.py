@@ -402,3 +402,46 @@ def test_a_corrupted_manifest_and_index_are_refused_by_s3_and_sent_again(
         assert body is not None and json.loads(body[1]), key  # whole, parseable
         head = s3.head(key, checksum=True)
         assert head is not None and head.crc32c == encode_crc(crc32c.crc32c(body[1])), key
+
+
+def test_parts_declare_a_checksum_only_in_an_upload_created_with_one(auth_setup) -> None:
+    """An upload that copies unchanged parts from the file's committed object is created
+    without a checksum type (S3 keeps a whole-object CRC only if every part has one). AWS
+    refuses a part's checksum in such an upload ("Checksum Type mismatch"), for ever, so
+    its UploadParts must declare none; SeaweedFS accepts either, so the test reads the
+    requests themselves at the proxy."""
+    m, fault_proxy, s3, _ = auth_setup
+    _wait_probed(m)
+    data = bytearray(os.urandom(24 * MiB + 5))
+    (m.path / "model.bin").write_bytes(data)
+    assert m.flush().returncode == 0, m.log_tail()
+
+    def requests_since(mark: int) -> list[tuple[str, str, frozenset[str]]]:
+        return [(method, target, names) for (method, target), names in zip(
+            fault_proxy.requests_log[mark:], fault_proxy.requests_headers[mark:],
+            strict=True)]
+
+    def parts(requests):  # (UploadPart, UploadPartCopy) of the file
+        sent = [names for method, target, names in requests
+                if method == "PUT" and "partNumber=" in target and "model.bin" in target]
+        return ([n for n in sent if "x-amz-copy-source" not in n],
+                [n for n in sent if "x-amz-copy-source" in n])
+
+    first, _ = parts(requests_since(0))
+    assert first and all({"x-amz-trailer", "x-amz-checksum-crc32c"} & n for n in first)
+
+    mark = len(fault_proxy.requests_log)
+    with open(m.path / "model.bin", "r+b") as f:  # a new version over a committed one
+        f.seek(9 * MiB)
+        f.write(b"\x01" * MiB)
+    data[9 * MiB:10 * MiB] = b"\x01" * MiB
+    assert m.flush().returncode == 0, m.log_tail()
+    later = requests_since(mark)
+    [create] = [names for method, target, names in later
+                if method == "POST" and target.endswith("?uploads")]
+    assert "x-amz-checksum-algorithm" not in create, create
+    sent, _ = parts(later)  # (a passthrough writer's file goes up whole: no copies)
+    assert sent, later
+    assert not any({"x-amz-trailer", "x-amz-checksum-crc32c"} & n for n in sent), sent
+    got = s3.get("model.bin")
+    assert got is not None and got[1] == bytes(data)
