@@ -119,6 +119,28 @@ class CachedFile:
         """True while something of this file is not committed in S3."""
         return self.in_journal
 
+    def start_upload(self, upload_id: str, key: str, checksum: bool) -> None:
+        """The multipart upload its parts go to from now on (created for `key`)."""
+        self.upload_id, self.upload_key, self.upload_checksum = upload_id, key, checksum
+
+    def take_upload(self) -> tuple[str, str] | None:
+        """Off the file: the open upload's (key, id), once it is completed, aborted, gone,
+        or left behind by a rename; None if there is none."""
+        if self.upload_id is None or self.upload_key is None:
+            return None
+        taken = self.upload_key, self.upload_id
+        self.upload_id = self.upload_key = None
+        self.upload_checksum = False
+        return taken
+
+    def object_seen(self, key: str | None, size: int, etag: str | None, now: float) -> None:
+        """S3 holds the file as this object and nothing of it is pending: the file is the
+        object (its size), confirmed `now` (close-to-open)."""
+        assert not self.pending, self.key
+        self.size = self.base_size = size
+        self.base_key, self.base_etag = key, etag
+        self.validated_at = now
+
     def state(self, idx: int) -> ChunkState | None:
         ch = self.chunks.get(idx)
         return None if ch is None else ch.state

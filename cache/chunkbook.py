@@ -25,7 +25,9 @@ Fresh = tuple[Chunk, str | None, float]
 
 class ChunkBook:
     def __init__(self, parts: PartMap, budget: CacheBudget, demand: UploadDemand,
-                 metrics: m.Metrics, max_dirty: int) -> None:
+                 metrics: m.Metrics, max_dirty: int,
+                 on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None
+                 ) -> None:
         self.parts = parts
         self.budget = budget
         self.demand = demand
@@ -36,7 +38,7 @@ class ChunkBook:
         self.fresh: dict[tuple[CachedFile, int], Fresh] = {}
         self.evict_wanted = trio.Event()  # set when the cache is over its budget
         # told of each chunk whose bytes reached S3 (upload rates per directory, status)
-        self.on_uploaded: Callable[[CachedFile, int], None] | None = None
+        self.on_uploaded = on_uploaded
 
     def held(self, cf: CachedFile, idx: int) -> int:
         return self.parts.held_bytes(idx, max(cf.size, cf.base_size))
@@ -96,7 +98,7 @@ class ChunkBook:
         if was_dirty != dirty:
             self._account(ch.held if dirty else -ch.held)
             ch.dirty_since = trio.current_time() if dirty else None
-            if state is ChunkState.UPLOADED and self.on_uploaded is not None:
+            if state is ChunkState.UPLOADED:
                 self.on_uploaded(cf, ch.held)
 
     def chunk_committed(self, cf: CachedFile, idx: int) -> None:

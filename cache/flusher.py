@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,7 @@ from lakefs_mount.cache.cachefile import (
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
+from lakefs_mount.cache.slots import Slots
 from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.crc import crc32c_combine
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
@@ -83,8 +85,10 @@ class Flusher:
         self.journal = cache.journal
         self.parts = cache.parts
         self.metrics = cache.metrics
-        self._slots = trio.Semaphore(concurrency)
-        self._commit_limiter = trio.CapacityLimiter(max(2, concurrency))
+        express = max(1, concurrency // 4)  # for the files a flush waits for (cache/slots)
+        self._slots = Slots(concurrency, express)
+        self._commit_slots = Slots(max(2, concurrency), express)
+        self._flushing: Counter[CachedFile] = Counter()  # targets of the flushes under way
         self._part_queue = demand.parts
         self._committing = demand.committing
         self._commit_wanted = demand.commit_wanted
@@ -158,6 +162,18 @@ class Flusher:
         errors_before = {cf: cf.error_count for cf, _ in targets}
         started = time.monotonic()
         self.store.wake_retries()  # S3 may be back: do not sit out a long backoff
+        self._flushing.update(cf for cf, _ in targets)
+        try:
+            for slots in (self._slots, self._commit_slots):  # ahead of the background
+                slots.prioritize(self._flushing.__contains__)
+            await self._flush_wait(targets, errors_before, started, on_progress)
+        finally:
+            self._flushing.subtract(cf for cf, _ in targets)
+            self._flushing = +self._flushing  # (drops the files no flush waits for)
+
+    async def _flush_wait(self, targets: list[tuple[CachedFile, int]],
+                          errors_before: dict[CachedFile, int], started: float,
+                          on_progress: object) -> None:
         for cf, _ in targets:
             self.request_commit(cf)
         while True:
@@ -224,22 +240,22 @@ class Flusher:
 
     async def _ensure_upload(self, cf: CachedFile) -> tuple[str, str]:
         async with cf.upload_lock:
-            if cf.upload_id is None or cf.upload_key is None:
-                key = cf.key
-                assert cf.fid is not None
-                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
-                # S3 keeps the whole object's CRC-32C only if every part has one: not
-                # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base_key is None
-                upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
-                                           self.store.sync.create_multipart, key,
-                                           self._metadata(cf), checksum)
-                assert isinstance(upload_id, str) and cf.fid is not None
-                cf.upload_id, cf.upload_key = upload_id, key
-                cf.upload_checksum = checksum
-                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
-                                   checksum)
-            return cf.upload_key, cf.upload_id
+            if cf.upload_id is not None and cf.upload_key is not None:
+                return cf.upload_key, cf.upload_id
+            key = cf.key
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.intend_upload, cf.fid, key)
+            # S3 keeps the whole object's CRC-32C only if every part has one: not where
+            # parts may be copied from a base object (UploadPartCopy)
+            checksum = self.checksums.full_object and cf.base_key is None
+            upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
+                                       self.store.sync.create_multipart, key,
+                                       self._metadata(cf), checksum)
+            assert isinstance(upload_id, str) and cf.fid is not None
+            cf.start_upload(upload_id, key, checksum)
+            await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
+                               checksum)
+            return key, upload_id
 
     async def _forget_upload(self, cf: CachedFile) -> None:
         """An upload vanished (aborted elsewhere, expired): its parts go up again.
@@ -263,8 +279,7 @@ class Flusher:
         _note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
                         f"expired behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
-        cf.upload_id = cf.upload_key = None
-        cf.upload_checksum = False
+        cf.take_upload()
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)
@@ -307,7 +322,7 @@ class Flusher:
         ch.settled = trio.Event()
         gen = ch.gen
         try:
-            async with self._slots:
+            async with self._slots.hold(cf, cf in self._flushing):
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self._ensure_upload(cf)
@@ -337,10 +352,13 @@ class Flusher:
                          start: int, end: int) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
         (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
-        With checksums, the store declares that CRC to S3 (s3/checksums)."""
+        The store declares that CRC to S3 (s3/checksums) only in an upload created with
+        a checksum type: AWS refuses a part's checksum in an upload created without one
+        ("Checksum Type mismatch"), which the probe not yet done at the upload's start,
+        a base object to copy parts from, or an older journal make."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
-        declare = self.checksums.send
+        declare = cf.upload_checksum and cf.upload_id == upload_id
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
@@ -370,7 +388,7 @@ class Flusher:
             in_base = cf.base_key is not None and end <= cf.base_size
             if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
                 assert cf.base_key is not None
-                async with self._slots:
+                async with self._slots.hold(cf, cf in self._flushing):
                     etag = await self._s3(cf, f"UploadPartCopy {key} #{idx + 1}",
                                           self.store.sync.upload_part_copy, key, upload_id,
                                           idx + 1, cf.base_key, start, end)
@@ -401,7 +419,7 @@ class Flusher:
         try:
             while self.gate is not None and self.gate.busy(cf.key):
                 await self.gate.wait_clear(cf.key)  # (a rename may change the key)
-            async with self._commit_limiter, cf.commit_lock:
+            async with self._commit_slots.hold(cf, cf in self._flushing), cf.commit_lock:
                 while True:
                     if self.gate is not None and self.gate.busy(cf.key):
                         break  # a change of its name came first: re-requested below
@@ -470,7 +488,8 @@ class Flusher:
             key = cf.key
             declare = self.checksums.send
             crcs: list[int] = []
-            async with self._slots, self.cache.part_reader(cf, 0, size) as source:
+            async with (self._slots.hold(cf, cf in self._flushing),
+                        self.cache.part_reader(cf, 0, size) as source):
                 def put() -> str:  # the file is read here too, not in the trio loop
                     data = source.read(0, size)
                     crcs[:] = [crc32c.crc32c(data)] if declare else []
@@ -509,13 +528,7 @@ class Flusher:
                                   listed, crc if cf.upload_checksum else None)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
-            cf.upload_id = cf.upload_key = None
-            cf.upload_checksum = False
-            if key != cf.key:  # renamed while its upload was open
-                etag = await self._s3(cf, f"CopyObject {key}", self.store.sync.copy,
-                                      key, cf.key, None)
-                self.metrics[m.SERVER_SIDE_COPIES] += 1
-                await self._s3(cf, f"DeleteObject {key}", self.store.sync.delete, key)
+            cf.take_upload()
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
@@ -561,18 +574,21 @@ class Flusher:
         return True
 
     async def abandon_upload(self, cf: CachedFile) -> None:
-        """A rename of a file whose upload is open at the old key: abort it, so the parts
-        go to the new key from the cache instead of a server-side copy afterwards."""
+        """A rename of a file whose upload is open at the old key: the parts go again, to
+        the new key, from the cache. The upload is aborted in the background (a rename
+        never waits for S3); nothing is ever completed at the old name."""
         if cf.upload_id is not None:
-            await self._abort_upload(cf)
+            self.cache.detach_upload(cf)
+            self._uploaded_to_dirty(cf)
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.forget_uploads, cf.fid)
 
     async def _abort_upload(self, cf: CachedFile) -> None:
         assert cf.upload_id is not None and cf.upload_key is not None
         await self._s3(cf, f"AbortMultipartUpload {cf.upload_key}",
                        self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await self.journal(self.journal.sync.end_upload, cf.upload_id)
-        cf.upload_id = cf.upload_key = None
-        cf.upload_checksum = False
+        cf.take_upload()
         self._uploaded_to_dirty(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.forget_uploads, cf.fid)

@@ -16,6 +16,7 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -50,7 +51,10 @@ class CacheManager:
     def __init__(self, cache_dir: Path, engine: IoEngine, journal: AsyncJournal,
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
                  max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
-                 open_files: int = 1024, direct_io: bool = True) -> None:
+                 open_files: int = 1024, direct_io: bool = True,
+                 on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None
+                 ) -> None:
+        """`on_uploaded`: told of the bytes of each chunk that reached S3 (status)."""
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.engine = engine
@@ -65,7 +69,8 @@ class CacheManager:
         self.cachefiles = CacheFiles(self.data_dir, journal, self.fds)
         self.files = self.cachefiles.by_fid  # every file with a cache file, by fid
         self.demand = UploadDemand(parts, self.files)
-        self.book = ChunkBook(parts, self.budget, self.demand, metrics, max_dirty)
+        self.book = ChunkBook(parts, self.budget, self.demand, metrics, max_dirty,
+                              on_uploaded)
         self.evictor = Evictor(self.book, self.cachefiles, journal, engine, metrics)
         self.room = DiskRoom(self.data_dir, journal, self.evictor, self.demand, metrics)
         self.fetcher = Fetcher(self.book, self.cachefiles, self.room, journal, store,
@@ -169,14 +174,9 @@ class CacheManager:
             await self.journal(self.journal.sync.rekey_cached, cf.fid, key)
 
     async def discard(self, cf: CachedFile) -> None:
-        """The file was unlinked: forget what it still had to upload; abort its upload,
-        in the background (an unlink must not wait for S3: until the abort is done the
-        upload is an orphan of the journal, which the next mount aborts)."""
-        if cf.upload_id is not None and cf.upload_key is not None:
-            upload_id, upload_key = cf.upload_id, cf.upload_key
-            cf.upload_id = cf.upload_key = None
-            if self._nursery is not None:
-                self._nursery.start_soon(self._abort_orphan, upload_key, upload_id)
+        """The file was unlinked: forget what it still had to upload; abort its upload
+        in the background (an unlink must not wait for S3)."""
+        self.detach_upload(cf)
         self.book.release_dirty(cf)
         if cf.in_journal and cf.fid is not None:
             await self.journal(self.journal.sync.drop_file, cf.fid)
@@ -184,12 +184,23 @@ class CacheManager:
         cf.unlinked = True
         cf.version += 1
 
+    def detach_upload(self, cf: CachedFile) -> None:
+        """Take the file's open upload off it, and abort it in the background: until the
+        abort is done the upload is an orphan of the journal, which the next mount
+        aborts. The caller makes the journal forget it (or drops the file's row)."""
+        taken = cf.take_upload()
+        if taken is not None and self._nursery is not None:
+            self._nursery.start_soon(self._abort_orphan, *taken)
+
     async def _abort_orphan(self, upload_key: str, upload_id: str) -> None:
         try:
-            await self.store.call(self.store.sync.abort_multipart, upload_key, upload_id)
-            await self.journal(self.journal.sync.end_upload, upload_id)
+            # retried like data (an outage ends it; the unmount cancels it)
+            await self.store.retrying(f"AbortMultipartUpload {upload_key}",
+                                      self.store.sync.abort_multipart, upload_key, upload_id)
         except Exception as exc:  # the orphan is aborted at the next mount
             log.warning("abort of upload for %s failed: %s", upload_key, exc)
+            return
+        await self.journal(self.journal.sync.end_upload, upload_id)
 
     def close_file(self, cf: CachedFile) -> None:
         """Last handle closed on an unlinked file: its cache file goes away."""

@@ -92,14 +92,23 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     chunks = await journal(journal.sync.chunks, rec.fid)
     crcs = await journal(journal.sync.part_crcs, rec.fid)
     remote_parts: dict[int, str] | None = None
-    if cf.upload_id is not None and cf.upload_key is not None:
+    if cf.upload_id is not None and cf.upload_key is not None and cf.upload_key != cf.key:
+        # Renamed while its upload was open, by a mount older than the background abort
+        # (Flusher.abandon_upload): nothing completes at the old name; the parts go again.
+        await store.retrying(f"AbortMultipartUpload {cf.upload_key}",
+                             store.sync.abort_multipart, cf.upload_key, cf.upload_id)
+        await journal(journal.sync.forget_uploads, rec.fid)
+        await journal(journal.sync.end_upload, cf.upload_id)
+        cf.take_upload()
+        report.uploads_restarted += 1
+    elif cf.upload_id is not None and cf.upload_key is not None:
         try:
             remote_parts = await store.retrying(
                 f"ListParts {cf.upload_key}", store.sync.list_parts, cf.upload_key, cf.upload_id)
         except NoSuchUpload:
             await journal(journal.sync.forget_uploads, rec.fid)
             await journal(journal.sync.end_upload, cf.upload_id)
-            cf.upload_id = cf.upload_key = None
+            cf.take_upload()
             report.uploads_restarted += 1
     for idx, (state, etag) in chunks.items():
         start, end = parts.chunk_range(idx)

@@ -29,13 +29,13 @@ SETTLE_MAX = 10.0
 
 
 class RenameCommits:
-    """Notices directory renames to a name matching `pattern` and commits each."""
+    """Notices directory renames to a name matching `pattern` (the namespace log tells
+    `noticed` of each change it records) and commits each."""
 
     def __init__(self, daemon: Daemon, pattern: str) -> None:
         self.daemon = daemon
         self.pattern = pattern
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](math.inf)
-        daemon.names.on_record = self.noticed
 
     def noticed(self, op: str, key: str, dst: str | None) -> None:
         if op != MOVE or dst is None or not key.endswith("/"):

@@ -44,6 +44,7 @@ from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.invalidations import Invalidations
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
+from lakefs_mount.logsetup import register_secret
 from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
 from lakefs_mount.namelog import NameLog
@@ -97,17 +98,18 @@ def _open_store(config: MountConfig, stack: ExitStack) -> ObjectStore:
     from lakefs_mount.s3.store import S3ObjectStore
 
     if config.bucket is None:
-        from lakefs_mount.s3.embedded import EmbeddedS3
+        from lakefs_mount.s3.embedded import EmbeddedS3, generated_keys
 
         state = config.embedded_dir or default_embedded_dir()
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        server = EmbeddedS3(state)
+        # A key of its own for every start: only this daemon (and what reads the 0600
+        # credentials file) can reach the bucket, and parts go up with a CRC trailer
+        server = EmbeddedS3(state, **generated_keys())
+        register_secret(server.secret_key)
         server.start()
         # weed's filer stalls ~15 s on SIGTERM; its data is already in the OS by then
         stack.callback(server.stop, EMBEDDED_STOP_GRACE)
-        store: ObjectStore = S3ObjectStore(EMBEDDED_BUCKET, endpoint_url=server.endpoint_url,
-                                           access_key="embedded", secret_key="embedded",
-                                           max_attempts=1)  # AsyncStore retries
+        store: ObjectStore = server.store(EMBEDDED_BUCKET, max_attempts=1)  # AsyncStore retries
         server.create_bucket(EMBEDDED_BUCKET)
         config.bucket = EMBEDDED_BUCKET
         config.endpoint_url = server.endpoint_url
@@ -157,7 +159,6 @@ class Daemon:
         self.exit_status = 0  # 1: it exits before S3 has it all (a second signal, ...)
         self.trio_token: trio.lowlevel.TrioToken | None = None  # set once mounted
         self.metrics_addr: str | None = None  # where /metrics listens, if it does
-        self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix)
         self.invalidations = Invalidations()  # remote changes the kernel is told of
         self.dirs = DirProgress(config.prefix)  # per-checkpoint progress (status)
 
@@ -169,12 +170,16 @@ class Daemon:
                                       self.store, self.parts, self.metrics,
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
-                                      open_files=_cache_fd_budget())
-            self.cache.book.on_uploaded = self.dirs.uploaded
+                                      open_files=_cache_fd_budget(),
+                                      on_uploaded=self.dirs.uploaded)
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
+            renames_to_commit = (RenameCommits(self, config.commit_on_rename)
+                                 if config.commit_on_rename else None)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
-                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags))
+                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags),
+                                         on_record=None if renames_to_commit is None
+                                         else renames_to_commit.noticed)
             replayed = await names.load()
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
@@ -188,6 +193,8 @@ class Daemon:
                                    on_committed=lambda cf: ns.index_changed(
                                        parent_dir_key(config.prefix, cf.key)),
                                    gate=names)
+            self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix,
+                                                  self.flusher.checksums)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
                                  read_only=config.read_only,
                                  fsync_remote=config.fsync_mode == "remote")
@@ -215,8 +222,8 @@ class Daemon:
                     if not config.read_only:
                         nursery.start_soon(probe_endpoint, self.plain_store, config.prefix,
                                            self.flusher.checksums)
-                    if config.commit_on_rename:
-                        nursery.start_soon(RenameCommits(self, config.commit_on_rename).run)
+                    if renames_to_commit is not None:
+                        nursery.start_soon(renames_to_commit.run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
                              config.bucket, config.prefix, config.mountpoint, engine.name,
                              session.name)

@@ -24,6 +24,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.objectstore import ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class DirIndex:
         self.writer = writer
         self.snapshot = snapshot  # dir key -> entries to write; None: the directory is gone
         self.write_delay = write_delay
+        self.checksums = ChecksumUse.from_environment()  # (S3 refuses a damaged index)
         self._changed: set[str] = set()
         self._wake = trio.Event()
         self._written: dict[str, int] = {}  # dir key -> hash of the body last written
@@ -205,7 +207,7 @@ class DirIndex:
             digest = hash(body)
             if digest == last:
                 return digest, False
-            self.store.sync.put(key, body, {})
+            self.store.sync.put(key, body, {}, self.checksums.crc_of(body))
             return digest, True
 
         self._written[dir_key], wrote = await self.store.call(put)

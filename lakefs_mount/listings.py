@@ -356,10 +356,7 @@ class Listed(Tree):
         if cf.pending or cf.openers:
             return
         self.cache.invalidate(cf)
-        cf.size = cf.base_size = obj.size
-        cf.base_etag = obj.etag
-        cf.base_key = obj.key
-        cf.validated_at = time.monotonic()
+        cf.object_seen(obj.key, obj.size, obj.etag, time.monotonic())
         cf.mtime_ns = int(obj.mtime * 1e9)
         cf.s3_meta = None
         inode.headed = False

@@ -85,7 +85,8 @@ class NameLog:
 
     def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics, *,
                  dir_attrs: DirAttrs | None,
-                 rebase: Callable[[str, str, dict[str, str]], None]) -> None:
+                 rebase: Callable[[str, str, dict[str, str]], None],
+                 on_record: Callable[[str, str, str | None], None] | None = None) -> None:
         self.store = store
         self.journal = journal
         self.metrics = metrics
@@ -104,7 +105,7 @@ class NameLog:
         self._changed = trio.Event()
         self.applied = 0
         # told of every change as it is recorded (op, key, dst): --commit-on-rename
-        self.on_record: Callable[[str, str, str | None], None] | None = None
+        self.on_record = on_record
 
     # -- recording --------------------------------------------------------------------
 

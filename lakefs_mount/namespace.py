@@ -287,9 +287,7 @@ class Namespace(Listed):
         if cf.base_etag != info.etag:
             self.cache.invalidate(cf)
             self.kernel.inode(inode.ino)
-        cf.size = cf.base_size = info.size
-        cf.base_etag = info.etag
-        cf.validated_at = time.monotonic()
+        cf.object_seen(cf.base_key, info.size, info.etag, time.monotonic())
         if attrs.is_symlink:
             cf.mode = stat.S_IFLNK | 0o777
         inode.kind = kind_of(cf)

@@ -26,6 +26,8 @@ from typing import Any
 import trio
 
 from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.checksums import ChecksumUse
+from lakefs_mount.s3.crc import crc32c_combine, crc32c_of
 from lakefs_mount.s3.layout import PartMap, encode_attrs, key_for
 
 log = logging.getLogger(__name__)
@@ -113,10 +115,11 @@ class OrphanUploader:
     path), each part read from the file in a worker thread."""
 
     def __init__(self, store: AsyncStore, parts: PartMap, prefix: str,
-                 host: str | None = None) -> None:
+                 checksums: ChecksumUse, host: str | None = None) -> None:
         self.store = store
         self.parts = parts
         self.prefix = prefix
+        self.checksums = checksums  # the flusher's: what it declares, these declare
         self.host = host or socket.gethostname()
         self._busy = trio.Lock()
 
@@ -180,7 +183,8 @@ class OrphanUploader:
             if self.parts.chunk_count(size) <= 1:
                 body = await trio.to_thread.run_sync(_read, orphan.path, 0, size)
                 sent = await self.store.retrying(f"PutObject {key}", self.store.sync.put,
-                                                 key, body, meta, max_attempts=UPLOAD_ATTEMPTS)
+                                                 key, body, meta, self.checksums.crc_of(body),
+                                                 max_attempts=UPLOAD_ATTEMPTS)
             else:
                 sent = await self._multipart(orphan, key, meta)
             after = await self.store.retrying(f"HeadObject {key}", self.store.sync.head, key,
@@ -198,22 +202,31 @@ class OrphanUploader:
         return sent
 
     async def _multipart(self, orphan: Orphan, key: str, meta: dict[str, str]) -> str:
+        """As the flusher sends a file: where the endpoint checks checksums, an upload of
+        type FULL_OBJECT whose parts declare their CRC-32C (S3 refuses a part's CRC on an
+        upload created without one) and whose Complete lists them and the object's."""
         store = self.store
+        checksum = self.checksums.full_object
         upload_id = await store.retrying(f"CreateMultipartUpload {key}",
-                                         store.sync.create_multipart, key, meta,
+                                         store.sync.create_multipart, key, meta, checksum,
                                          max_attempts=UPLOAD_ATTEMPTS)
         try:
-            done = []
+            done, crcs, whole = [], [], 0
             for idx in range(self.parts.chunk_count(orphan.size)):
                 start, end = self.parts.chunk_range(idx)
                 body = await trio.to_thread.run_sync(_read, orphan.path, start,
                                                      min(end, orphan.size))
                 etag = await store.retrying(f"UploadPart {key} #{idx + 1}",
                                             store.sync.upload_part, key, upload_id, idx + 1,
-                                            body, max_attempts=UPLOAD_ATTEMPTS)
+                                            body, checksum, max_attempts=UPLOAD_ATTEMPTS)
                 done.append((idx + 1, etag))
+                if checksum:
+                    crcs.append(crc32c_of(body))
+                    whole = crc32c_combine(whole, crcs[-1], len(body))
             return await store.retrying(f"CompleteMultipartUpload {key}",
                                         store.sync.complete_multipart, key, upload_id, done,
+                                        crcs if checksum else None,
+                                        whole if checksum else None,
                                         max_attempts=UPLOAD_ATTEMPTS)
         except BaseException:
             with trio.CancelScope(shield=True), trio.move_on_after(10):

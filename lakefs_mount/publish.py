@@ -115,8 +115,9 @@ class Publisher:
         key = prefix + MANIFEST_NAME
         now_ns = time.time_ns()
         meta = encode_attrs(stat.S_IFREG | 0o644, os.getuid(), os.getgid(), now_ns)
+        crc = self.daemon.flusher.checksums.crc_of(body)  # (S3 refuses it damaged: sent again)
         etag = await self.store.retrying(f"PUT {key}", self.store.sync.put, key, body, meta,
-                                         max_attempts=MANIFEST_PUT_ATTEMPTS)
+                                         crc, max_attempts=MANIFEST_PUT_ATTEMPTS)
         self._show_manifest(prefix)
         seconds = round(time.monotonic() - started, 3)
         log.info("committed /%s: %d files, %d bytes, manifest %s in %.1f s", path,

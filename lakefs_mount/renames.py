@@ -18,7 +18,7 @@ from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat
-from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.fserrors import check_dir_key, check_key, s3_errors
 from lakefs_mount.inode import Inode
 from lakefs_mount.namelog import MOVE, NameLog, dir_arg
 from lakefs_mount.namespace import Namespace
@@ -38,19 +38,6 @@ class Renames:
         self.flusher = flusher
         self.names = names
 
-    async def _abandon_upload(self, cf: CachedFile) -> None:
-        """An upload open at the old key: aborted, so its parts go again, to the new key,
-        from the cache. Where S3 cannot take the abort now, or was slow a moment ago (a
-        rename must not wait for it), the upload stays, and its commit completes it at
-        the old key and moves the object (Flusher._commit)."""
-        if cf.upload_id is None or self.ns.s3_slow():
-            return
-        try:
-            async with s3_errors(f"aborting the upload of {cf.key}"):
-                await self.flusher.abandon_upload(cf)
-        except FSError as exc:
-            log.info("%s (its commit moves the object instead)", exc)
-
     async def move_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         """The new name in the journal, with the move of the committed object if there is
         one; what is not yet in S3 commits to the new name."""
@@ -58,7 +45,7 @@ class Renames:
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
-            await self._abandon_upload(cf)
+            await self.flusher.abandon_upload(cf)
             obj = self.names.object_key(cf.key, cf.base_key)
             if obj is not None:
                 rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
@@ -88,7 +75,7 @@ class Renames:
         files = [node.file for node in nodes if node.file is not None]
         async with self._commit_locks(files):  # no commit lands at an old key after this
             for cf in files:
-                await self._abandon_upload(cf)
+                await self.flusher.abandon_upload(cf)
             await self.names.record(MOVE, old_prefix, new_prefix,
                                     arg=dir_arg(dir_stat(inode), replace=False),
                                     rekey_prefix=(old_prefix, new_prefix))

@@ -12,7 +12,8 @@ methods itself with that S3 error (e.g. 503 SlowDown), on connections made after
 `answer_share(status, code, share, methods, seed)` answers that share of them (a storm),
 drawn from a seeded RNG, until `answer_share(..., 0.0, ...)`.
 `requests_log` lists (method, target) of every request read on parsed connections, in the
-order they were forwarded (which request came after which).
+order they were forwarded (which request came after which); `requests_headers` the names
+of each one's headers, lower case, in the same order.
 `corrupt_body(contains, nth)` flips one byte in the middle of the body of the nth next
 parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
 its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
@@ -70,6 +71,7 @@ class FaultProxy:
         self._storm_rng = random.Random(0)
         self.requests_seen = 0  # requests read on parsed connections
         self.requests_log: list[tuple[str, str]] = []  # (method, target) of each of them
+        self.requests_headers: list[frozenset[str]] = []  # their header names, lower case
         self._corruptions: list[list] = []  # [method, substring of the target, nth]
         self.corrupted: list[str] = []  # targets whose body had a byte flipped
         self._fail = False
@@ -282,6 +284,7 @@ class FaultProxy:
                 method, target = (lines[0].split(" ") + ["", ""])[:2]
                 with self._lock:
                     self.requests_log.append((method, target))
+                    self.requests_headers.append(frozenset(fields))
                 flip = None if answer is not None else self._flip_at(method, target, length)
                 hold = self._hold
                 if hold is not None and hold(method, target):

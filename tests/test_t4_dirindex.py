@@ -213,10 +213,11 @@ class _RefusingStore(MemoryObjectStore):
 
     refuse = True
 
-    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
+            crc: int | None = None) -> str:
         if self.refuse and key.startswith(INDEX_FOLDER):
             raise AccessDenied(f"PutObject {key}: AccessDenied")
-        return super().put(key, body, metadata)
+        return super().put(key, body, metadata, crc)
 
 
 def test_an_index_that_cannot_be_written_stays_due_and_never_raises():

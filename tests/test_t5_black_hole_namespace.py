@@ -18,6 +18,8 @@ from test_t4_namespace_writeback import bucket_tree, save_checkpoint, tree
 
 from lakefs_mount.s3.layout import encode_attrs
 
+MiB = 1024 * 1024
+
 
 def training_steps(run, steps) -> list[float]:
     """Seconds each step of a training-like loop took (makedirs, save, rename, delete)."""
@@ -238,6 +240,40 @@ def test_a_lookup_in_a_directory_never_listed_waits_for_a_slow_listing_while_s3_
         release.join()
     assert body == b"seven"
     assert took >= 3.5, took  # it waited for the listing (held 4 s), not a moment
+
+
+def test_renaming_a_file_whose_upload_is_open_waits_for_no_abort_and_leaves_no_old_name(
+        mount_factory, s3, fault_proxy):
+    """An atomic saver's rename of `.tmp` while its parts stream: the rename waited for
+    the abort of the upload at the old name (in a black hole, until S3 answered), or,
+    where S3 had seemed slow, kept the upload and completed it at the old name, which a
+    crash then left in the bucket (docs/durability.md, D13). Now the upload leaves the
+    file at once, the parts go again to the new name, and the abort follows in the
+    background."""
+    m = mount_factory("--part-size", "8M", "--commit-delay", "60",
+                      endpoint_url=fault_proxy.endpoint_url)
+    data = os.urandom(40 * MiB + 3)
+    with open(m.path / "model.safetensors.tmp", "wb") as f:
+        f.write(data)
+        deadline = time.monotonic() + 30
+        while not s3.list_multipart_uploads(""):  # full parts stream while it is open
+            assert time.monotonic() < deadline, m.log_tail()
+            time.sleep(0.1)
+    fault_proxy.hang = True
+    try:
+        started = time.monotonic()
+        os.rename(m.path / "model.safetensors.tmp", m.path / "model.safetensors")
+        took = time.monotonic() - started
+    finally:
+        fault_proxy.hang = False
+    assert took < 1.0, (took, m.log_tail())
+    assert m.flush(timeout=120).returncode == 0, m.log_tail()
+    assert s3.get("model.safetensors")[1] == data
+    assert s3.head("model.safetensors.tmp") is None
+    deadline = time.monotonic() + 30
+    while s3.list_multipart_uploads(""):  # the abort, once S3 answers again
+        assert time.monotonic() < deadline, m.log_tail()
+        time.sleep(0.2)
 
 
 def test_a_lookup_in_a_directory_never_listed_waits_for_s3_after_a_slow_listing(

@@ -8,29 +8,37 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import stat
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import crc32c
 import pytest
 import sqlite_utils
 from botocore.config import Config
+from botocore.exceptions import ClientError
 from conftest import AUTH_ACCESS_KEY, AUTH_SECRET_KEY
 from faultproxy import FaultProxy
-from mounting import Mount, cli
+from mounting import CLI, Mount, cli
 
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import MIGRATIONS, PendingFile
-from lakefs_mount.manifest import encode_crc
+from lakefs_mount.dirindex import INDEX_FOLDER
+from lakefs_mount.manifest import MANIFEST_NAME, encode_crc
 from lakefs_mount.s3 import trailer
+from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
-VERIFIED = "crc32c (verified by S3)"
+TRAILER = "crc32c (verified by S3, in an aws-chunked trailer)"
+HEADER = "crc32c (verified by S3, in a header)"  # (a server without keys: SeaweedFS
+# takes aws-chunked trailers only from a known key)
 
 
 def _client(endpoint_url: str):  # S3's own view, for what the mount cannot tell
@@ -81,10 +89,10 @@ def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(auth_setu
     the checksum line, and the journal noted the committed objects' CRCs."""
     m, fault_proxy, s3, server = auth_setup
     status = _wait_probed(m)
-    assert status["checksums"] == VERIFIED, status["checksums"]
-    assert "parts with an aws-chunked trailer" in m.log_tail(), m.log_tail()
+    assert status["checksums"] == TRAILER, status["checksums"]
+    assert f"upload checksums: {TRAILER}" in m.log_tail(), m.log_tail()
     text = cli("status", str(m.path), check=True).stdout
-    assert any(line.strip().startswith("checksums") and line.endswith(VERIFIED)
+    assert any(line.strip().startswith("checksums") and line.endswith(TRAILER)
                for line in text.splitlines()), text
     before = m.status()["retries"]
 
@@ -148,7 +156,7 @@ def test_part_crcs_survive_a_crash_and_complete_the_upload_with_s3s_checksum(
     aws-chunked trailer from an unknown key: the parts' CRCs go in a header, hashed in a
     first pass.)"""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == VERIFIED
+    assert _wait_probed(m)["checksums"] == HEADER
     data = os.urandom(20 * MiB + 999)
     journal = m.cache_dir / "journal.db"
     f = open(m.path / "ckpt.bin", "wb", buffering=0)  # noqa: SIM115 (open across the crash)
@@ -242,7 +250,7 @@ def test_verify_takes_s3s_stored_checksums_and_reads_back_only_what_has_none(
     without a CRC-32C (boto3's default is CRC32, or none) is read back and hashed: a
     changed byte is still found."""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == VERIFIED
+    assert _wait_probed(m)["checksums"] == HEADER
     (m.path / "ck").mkdir()
     big, small = os.urandom(20 * MiB + 5), os.urandom(4096)
     (m.path / "ck" / "model.bin").write_bytes(big)
@@ -271,3 +279,169 @@ def test_verify_takes_s3s_stored_checksums_and_reads_back_only_what_has_none(
     assert proc.returncode != 0 and not report["ok"], report
     assert [p["kind"] for p in report["problems"]] == ["checksum"], report
     assert (report["checked_by_s3"], report["bytes_read"]) == (1, len(small)), report
+
+
+class _EmbeddedMount(Mount):
+    """`lakefs-mount mount MOUNTPOINT` without a SOURCE: its own SeaweedFS in `state`."""
+
+    def __init__(self, root, state, options: tuple[str, ...]) -> None:
+        super().__init__(root, "lakefs-mount", "", options=options)
+        self.state = state
+
+    def start(self, *extra: str) -> None:
+        proc = cli("mount", str(self.path), "--embedded-dir", str(self.state),
+                   "--cache-dir", str(self.cache_dir), "--log-file", str(self.log_file),
+                   "--log-level", "DEBUG", *self.options, *extra)
+        assert proc.returncode == 0, proc.stderr + self.log_tail()
+        self.pid = int(self.status()["pid"])
+
+
+def _cmdlines() -> str:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append(Path(entry.path, "cmdline").read_bytes().decode(errors="replace"))
+    return "\n".join(found)
+
+
+def test_an_embedded_mount_keys_its_server_and_sends_parts_with_a_trailer(tmp_path) -> None:
+    """Without a SOURCE the mount starts SeaweedFS with a key generated for this start
+    (in weed's environment only): the probe finds trailers taken, a multipart file lands
+    byte-identical with S3's CRC-32C, a request without the key is refused, `verify
+    s3://...` reaches the server through the 0600 credentials file, and the secret is in
+    no log, no status and no process's command line; the file goes with the server."""
+    state = tmp_path / "embedded"
+    m = _EmbeddedMount(tmp_path / "e", state, ("--part-size", "8M", "--commit-delay", "0"))
+    try:
+        m.start()
+        status = _wait_probed(m)
+        assert status["checksums"] == TRAILER, status["checksums"] + m.log_tail()
+        text = cli("status", str(m.path), check=True).stdout
+        creds = state / "credentials"
+        assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+        keys = dict(line.split(" = ", 1) for line in creds.read_text().splitlines()[1:])
+        secret = keys["aws_secret_access_key"]
+        assert len(secret) >= 30
+
+        (m.path / "ck").mkdir()
+        data = os.urandom(20 * MiB + 4321)
+        (m.path / "ck" / "model.bin").write_bytes(data)
+        assert cli("commit", str(m.path), "ck").returncode == 0, m.log_tail()
+        endpoint = status["endpoint"]
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id=keys["aws_access_key_id"],
+                              aws_secret_access_key=secret,
+                              config=Config(request_checksum_calculation="when_required",
+                                            response_checksum_validation="when_required",
+                                            s3={"addressing_style": "path"}))
+        got = client.get_object(Bucket="lakefs-mount", Key="ck/model.bin")["Body"].read()
+        assert got == data
+        head = client.head_object(Bucket="lakefs-mount", Key="ck/model.bin",
+                                  ChecksumMode="ENABLED")
+        assert head.get("ChecksumCRC32C") == encode_crc(crc32c.crc32c(data)), head
+        assert head.get("ChecksumType") == "FULL_OBJECT", head
+        with pytest.raises(ClientError, match="InvalidAccessKeyId"):
+            _client(endpoint).get_object(Bucket="lakefs-mount", Key="ck/model.bin")
+
+        proc = subprocess.run(
+            [CLI, "verify", "--json", "--profile", "embedded", "--endpoint-url", endpoint,
+             "s3://lakefs-mount/ck/"], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "AWS_SHARED_CREDENTIALS_FILE": str(creds)})
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0 and report["ok"], proc.stderr + proc.stdout
+        assert (report["files"], report["checked_by_s3"]) == (1, 1), report
+
+        seen = [m.log_file.read_text(), json.dumps(m.status()), text, _cmdlines(),
+                (state / "weed.log").read_text()]
+        assert not [i for i, where in enumerate(seen) if secret in where]
+        assert m.unmount().returncode == 0
+        assert not creds.exists()
+    finally:
+        m.cleanup()
+        for pid in EmbeddedS3(state)._leftover_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_corrupted_manifest_and_index_are_refused_by_s3_and_sent_again(
+        mount_factory, fault_proxy, s3) -> None:
+    """The commit manifest and the directory's attribute index go up with their CRC-32C
+    in a header, as file objects do: the proxy flips a byte in each PUT, SeaweedFS
+    refuses both, the mount sends them again, and both land as written."""
+    fault_proxy.parse_requests = True  # before the mount: every connection is parsed
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    assert _wait_probed(m)["checksums"] == HEADER
+    fault_proxy.corrupt_body(INDEX_FOLDER)
+    (m.path / "ck").mkdir()
+    data = os.urandom(100_000)
+    (m.path / "ck" / "a.bin").write_bytes(data)
+    assert m.flush().returncode == 0, m.log_tail()
+    fault_proxy.corrupt_body(MANIFEST_NAME)
+    done = cli("commit", str(m.path), "ck")
+    assert done.returncode == 0, done.stderr + m.log_tail()
+
+    deadline = time.monotonic() + 20  # (the index goes up after the flush, in its own time)
+    while len(fault_proxy.corrupted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(INDEX_FOLDER in t for t in fault_proxy.corrupted) == [False, True], \
+        fault_proxy.corrupted
+    assert any(t.split("?")[0].endswith(MANIFEST_NAME) for t in fault_proxy.corrupted)
+    assert m.log_tail(400).count("do not match their checksum") >= 2, m.log_tail(400)
+    got = s3.get(f"ck/{MANIFEST_NAME}")
+    assert got is not None
+    manifest = json.loads(got[1])
+    assert [(f["key"], f["checksum"]["value"]) for f in manifest["files"]] == \
+        [("a.bin", encode_crc(crc32c.crc32c(data)))]
+    head = s3.head(f"ck/{MANIFEST_NAME}", checksum=True)
+    assert head is not None and head.crc32c == encode_crc(crc32c.crc32c(got[1])), head
+    indexes = [o.key for o in s3.list_recursive(INDEX_FOLDER)]
+    assert indexes, "no attribute index was written"
+    for key in indexes:
+        body = s3.get(key)
+        assert body is not None and json.loads(body[1]), key  # whole, parseable
+        head = s3.head(key, checksum=True)
+        assert head is not None and head.crc32c == encode_crc(crc32c.crc32c(body[1])), key
+
+
+def test_parts_declare_a_checksum_only_in_an_upload_created_with_one(auth_setup) -> None:
+    """An upload that copies unchanged parts from the file's committed object is created
+    without a checksum type (S3 keeps a whole-object CRC only if every part has one). AWS
+    refuses a part's checksum in such an upload ("Checksum Type mismatch"), for ever, so
+    its UploadParts must declare none; SeaweedFS accepts either, so the test reads the
+    requests themselves at the proxy."""
+    m, fault_proxy, s3, _ = auth_setup
+    _wait_probed(m)
+    data = bytearray(os.urandom(24 * MiB + 5))
+    (m.path / "model.bin").write_bytes(data)
+    assert m.flush().returncode == 0, m.log_tail()
+
+    def requests_since(mark: int) -> list[tuple[str, str, frozenset[str]]]:
+        return [(method, target, names) for (method, target), names in zip(
+            fault_proxy.requests_log[mark:], fault_proxy.requests_headers[mark:],
+            strict=True)]
+
+    def parts(requests):  # (UploadPart, UploadPartCopy) of the file
+        sent = [names for method, target, names in requests
+                if method == "PUT" and "partNumber=" in target and "model.bin" in target]
+        return ([n for n in sent if "x-amz-copy-source" not in n],
+                [n for n in sent if "x-amz-copy-source" in n])
+
+    first, _ = parts(requests_since(0))
+    assert first and all({"x-amz-trailer", "x-amz-checksum-crc32c"} & n for n in first)
+
+    mark = len(fault_proxy.requests_log)
+    with open(m.path / "model.bin", "r+b") as f:  # a new version over a committed one
+        f.seek(9 * MiB)
+        f.write(b"\x01" * MiB)
+    data[9 * MiB:10 * MiB] = b"\x01" * MiB
+    assert m.flush().returncode == 0, m.log_tail()
+    later = requests_since(mark)
+    [create] = [names for method, target, names in later
+                if method == "POST" and target.endswith("?uploads")]
+    assert "x-amz-checksum-algorithm" not in create, create
+    sent, _ = parts(later)  # (a passthrough writer's file goes up whole: no copies)
+    assert sent, later
+    assert not any({"x-amz-trailer", "x-amz-checksum-crc32c"} & n for n in sent), sent
+    got = s3.get("model.bin")
+    assert got is not None and got[1] == bytes(data)

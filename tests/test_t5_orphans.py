@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from mounting import cli
 from test_t4_durability import crash_with_pending_files
+
+from lakefs_mount.s3.crc import crc32c_of, encode_crc
 
 MiB = 1024 * 1024
 HOST = socket.gethostname()
@@ -44,6 +47,9 @@ def _listed(m) -> list[dict]:
 def test_orphans_are_listed_then_uploaded_byte_identical_and_removed(mount_factory, s3,
                                                                     fault_proxy):
     m, bodies = _orphaned(mount_factory, fault_proxy)
+    deadline = time.monotonic() + 20  # the checksum probe: whether S3 checks CRCs
+    while "whether" in m.status()["checksums"] and time.monotonic() < deadline:
+        time.sleep(0.1)
     listed = _listed(m)
     assert sorted(o["size"] for o in listed) == sorted(map(len, bodies))
     assert all(isinstance(o["fid"], int) and o["mtime"] > 0 for o in listed)
@@ -57,6 +63,8 @@ def test_orphans_are_listed_then_uploaded_byte_identical_and_removed(mount_facto
     for o in listed:
         key = f"lost+found/{HOST}-{o['name']}"
         assert s3.get_range(key, 0, o["size"] + 1) == by_size[o["size"]], key
+        head = s3.head(key, checksum=True)  # each went up with its CRC-32C, S3 kept it
+        assert head is not None and head.crc32c == encode_crc(crc32c_of(by_size[o["size"]]))
         assert f"{o['name']} -> {m.path}/{key}" in proc.stdout
         assert (m.path / key).read_bytes() == by_size[o["size"]]  # seen in the mount too
     assert not (m.cache_dir / "orphans").exists()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import crc32c
 import trio
 
+from lakefs_mount.s3.crc import crc32c_of
 from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -33,16 +34,23 @@ PROBE_SECONDS = 10.0  # a slow endpoint leaves the answer unknown, never the mou
 class ChecksumUse:
     """`send`: parts and objects declare their CRC-32C (off only for measurements).
     `verified`: the endpoint rejected a wrong checksum (True), accepted it (False), or the
-    probe could not tell (None)."""
+    probe could not tell (None). `trailer`: it takes a part's CRC-32C in an aws-chunked
+    trailer (parts are read once) rather than only in a header (hashed first)."""
 
     send: bool = True
     verified: bool | None = None
+    trailer: bool = False
 
     @classmethod
     def from_environment(cls) -> ChecksumUse:
         """On unless OFF_VARIABLE is "off": for measuring what they cost, not an option
         for users (a corrupted transfer would then land in S3)."""
         return cls(send=os.environ.get(OFF_VARIABLE, "").lower() != "off")
+
+    def crc_of(self, body: bytes) -> int | None:
+        """The CRC-32C a PutObject of `body` declares (None with checksums off): in a
+        header, after a pass over it, which for a manifest or an index is a few KiB."""
+        return crc32c_of(body) if self.send else None
 
     @property
     def full_object(self) -> bool:
@@ -54,11 +62,14 @@ class ChecksumUse:
             return "off"
         if self.verified is None:
             return "crc32c (whether this endpoint verifies it is unknown)"
-        return "crc32c (verified by S3)" if self.verified else \
-            "crc32c (not verified by this endpoint)"
+        if not self.verified:
+            return "crc32c (not verified by this endpoint)"
+        return "crc32c (verified by S3, " + ("in an aws-chunked trailer)" if self.trailer
+                                            else "in a header)")
 
     def to_json(self) -> dict[str, object]:
-        return {"algorithm": "crc32c" if self.send else None, "verified": self.verified}
+        return {"algorithm": "crc32c" if self.send else None, "verified": self.verified,
+                "trailer": self.trailer}
 
 
 REJECTED = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch")
@@ -130,6 +141,5 @@ async def probe_endpoint(store: ObjectStore, prefix: str, use: ChecksumUse) -> N
                                                          abandon_on_cancel=True)
         except Exception as exc:  # (a probe never fails the mount)
             log.warning("checksum probe of the endpoint failed: %s", exc)
-    log.info("upload checksums: %s%s", use.describe(),
-             ", parts with an aws-chunked trailer"
-             if getattr(store, "trailing_checksums", False) else "")
+    use.trailer = bool(getattr(store, "trailing_checksums", False))
+    log.info("upload checksums: %s", use.describe())

@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -35,7 +36,7 @@ from lakefs_mount.s3.timeouts import BASE_SECONDS, CONNECT_SECONDS
 if TYPE_CHECKING:
     from lakefs_mount.s3.store import S3ObjectStore
 
-__all__ = ["EmbeddedS3", "EmbeddedS3Error", "find_weed", "free_port"]
+__all__ = ["EmbeddedS3", "EmbeddedS3Error", "find_weed", "free_port", "generated_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,20 @@ copy_other = 1
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _LEFTOVER_GRACE = 3.0  # seconds a leftover weed gets for SIGTERM before SIGKILL
+CREDENTIALS_NAME = "credentials"  # in the state dir while a keyed server runs (0600)
+CREDENTIALS_PROFILE = "embedded"  # its profile, for `--profile` of other tools
 
 
 class EmbeddedS3Error(ObjectStoreError):
     """The embedded server could not be found, started or reached."""
+
+
+def generated_keys() -> dict[str, str]:
+    """A fresh access key and secret for one start of a private server (`EmbeddedS3`
+    keyword arguments). With keys, weed requires signatures, and only then does it take a
+    part's CRC-32C as an aws-chunked trailer (s3/checksums): parts are read once."""
+    return {"access_key": f"lakefsmount{secrets.token_hex(8)}",
+            "secret_key": secrets.token_urlsafe(30)}
 
 
 def free_port(*, grpc_offset_free: bool = False) -> int:
@@ -164,8 +175,9 @@ class EmbeddedS3:
 
     Ports are remembered in `state_dir/ports.json` and reused on the next start when
     they are still free, so a restarted embedded store keeps its endpoint. With
-    `access_key`/`secret_key` the server requires those credentials; without, it
-    accepts any signature.
+    `access_key`/`secret_key` the server requires those credentials (weed gets them in
+    its environment, never in its argv); while it runs, `credentials_path` (0600) holds
+    them as an AWS credentials file for other tools. Without, it accepts any signature.
     """
 
     def __init__(self, state_dir: Path, *, access_key: str | None = None,
@@ -203,6 +215,13 @@ class EmbeddedS3:
     @property
     def data_dir(self) -> Path:
         return self.state_dir / "data"
+
+    @property
+    def credentials_path(self) -> Path:
+        """An AWS shared credentials file (profile CREDENTIALS_PROFILE) with the keys,
+        present while a keyed server runs: `AWS_SHARED_CREDENTIALS_FILE=... --profile
+        embedded` lets `verify s3://...` and other S3 tools reach it."""
+        return self.state_dir / CREDENTIALS_NAME
 
     @property
     def pid_path(self) -> Path:
@@ -339,6 +358,7 @@ class EmbeddedS3:
             self.pid_path.write_text(f"{self._proc.pid}\n")
             try:
                 self._wait_ready(deadline)
+                self._write_credentials()
                 return self
             except EmbeddedS3Error:
                 tail = self.log_tail()
@@ -351,6 +371,20 @@ class EmbeddedS3:
                 self._stop_process(timeout=2)
                 raise
         raise AssertionError("unreachable")
+
+    def _write_credentials(self) -> None:
+        """Write `credentials_path` afresh, private (0600) from its creation on."""
+        path = self.credentials_path
+        if self.access_key is None or self.secret_key is None:
+            path.unlink(missing_ok=True)  # (a keyed start's, now stale)
+            return
+        fresh = path.with_name(path.name + ".new")
+        fresh.unlink(missing_ok=True)
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[{CREDENTIALS_PROFILE}]\naws_access_key_id = {self.access_key}\n"
+                    f"aws_secret_access_key = {self.secret_key}\n")
+        os.replace(fresh, path)
 
     def _wait_ready(self, deadline: float) -> None:
         """Poll until the endpoint answers and a small object round-trips."""
@@ -408,6 +442,8 @@ class EmbeddedS3:
             proc.wait(timeout=5)
         self._cleanup_sockets()
         self.pid_path.unlink(missing_ok=True)
+        if self.access_key is not None:  # its keys open nothing any more
+            self.credentials_path.unlink(missing_ok=True)
 
     # ----------------------------------------------------- state dir ownership
 
