@@ -239,23 +239,28 @@ class Flusher:
         return meta
 
     async def _ensure_upload(self, cf: CachedFile) -> tuple[str, str]:
+        """The file's open upload, created for its key now. A rename while the upload was
+        being created (the rename found none to take off) leaves it at the old key: it
+        is abandoned as the rename would have, and one is created for the new key."""
         async with cf.upload_lock:
-            if cf.upload_id is not None and cf.upload_key is not None:
-                return cf.upload_key, cf.upload_id
-            key = cf.key
-            assert cf.fid is not None
-            await self.journal(self.journal.sync.intend_upload, cf.fid, key)
-            # S3 keeps the whole object's CRC-32C only if every part has one: not where
-            # parts may be copied from a base object (UploadPartCopy)
-            checksum = self.checksums.full_object and cf.base_key is None
-            upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
-                                       self.store.sync.create_multipart, key,
-                                       self._metadata(cf), checksum)
-            assert isinstance(upload_id, str) and cf.fid is not None
-            cf.start_upload(upload_id, key, checksum)
-            await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
-                               checksum)
-            return key, upload_id
+            while True:
+                if cf.upload_id is not None and cf.upload_key is not None:
+                    if cf.upload_key == cf.key:
+                        return cf.upload_key, cf.upload_id
+                    await self.abandon_upload(cf)
+                key = cf.key
+                assert cf.fid is not None
+                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
+                # S3 keeps the whole object's CRC-32C only if every part has one: not
+                # where parts may be copied from a base object (UploadPartCopy)
+                checksum = self.checksums.full_object and cf.base_key is None
+                upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
+                                           self.store.sync.create_multipart, key,
+                                           self._metadata(cf), checksum)
+                assert isinstance(upload_id, str) and cf.fid is not None
+                cf.start_upload(upload_id, key, checksum)
+                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
+                                   checksum)
 
     async def _forget_upload(self, cf: CachedFile) -> None:
         """An upload vanished (aborted elsewhere, expired): its parts go up again.
