@@ -24,7 +24,7 @@ from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.direct import BUFFER_SIZE, write_back
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.objectstore import ObjectInfo
+from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo
 from lakefs_mount.uring import write_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -157,9 +157,8 @@ class Fetcher:
     async def _fill(self, cf: CachedFile, idx: int, start: int, end: int, filling: _Filling,
                     written_back: bool) -> None:
         with filling:
-            assert cf.base_key is not None
             async with self._fetch_slots, self.files.io(cf) as fd:
-                await self._get_into(fd, cf.base_key, start, end)
+                await self._get_base_into(fd, cf, start, end)
                 if written_back:  # (fetched: kept even if the warm-up is being stopped)
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(write_back, fd, start, end)
@@ -169,6 +168,19 @@ class Fetcher:
                 return
             self._note_fetched(cf, idx)
             ch.direct = written_back and self.files.fds.can_direct  # (O_DIRECT reads see it)
+
+    async def _get_base_into(self, fd: int, cf: CachedFile, start: int, end: int) -> None:
+        """`_get_into` from the file's committed object. A written-back rename may move
+        that object while the GET is under way (its copy lands, the file is rebased, the
+        old key is deleted): the GET then goes to where the object is now."""
+        while True:
+            key = cf.base_key
+            assert key is not None
+            try:
+                return await self._get_into(fd, key, start, end)
+            except NoSuchKey:
+                if cf.base_key in (key, None):
+                    raise
 
     async def _get_into(self, fd: int, key: str, start: int, end: int) -> None:
         """GET bytes [start, end) of `key` into the cache file at their offsets, from the
@@ -187,6 +199,7 @@ class Fetcher:
             finally:
                 stop.set()
 
+        failed: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop_when_cancelled)
             try:
@@ -194,7 +207,11 @@ class Fetcher:
             except FetchStopped:
                 await trio.lowlevel.checkpoint()  # cancelled: raises Cancelled here
                 raise
+            except Exception as exc:  # S3's error as itself, not in the nursery's group
+                failed = exc
             nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
 
     def read_ahead_of(self, cf: CachedFile, last: int) -> None:
         """A sequential reader: fetch the next chunks in parallel before it asks."""

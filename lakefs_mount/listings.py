@@ -286,18 +286,21 @@ class Listed(Tree):
 
     async def _list(self, dir_inode: Inode) -> None:
         prefix = self.key_of(dir_inode)
-        # (a directory renamed here whose objects S3 has not moved yet is listed where
-        # they are; its files read from there until the move's copies land: rebase)
-        listed = (self.names.moved_from(prefix) if self.names is not None else None) or prefix
         try:
             # What was local when the listing started stays, even if its commit lands while
             # the listing is under way (the listing may predate the object).
             local_at_start = {name for name, ino in dir_inode.children.items()
                               if self._has_local_state(self.inodes[ino])}
             started = time.monotonic()
-            listing = await self.store.list_dir(listed)
+            while True:
+                listed = self._objects_of(prefix)
+                listing = await self.store.list_dir(listed)
+                prefix = self.key_of(dir_inode)  # (renamed while S3 listed it: its new place)
+                if self._objects_of(prefix) == listed:
+                    break
+                # a written-back move of the directory landed while S3 listed its old place
+                # (its files were rebased, the old keys are going): list where they are now
             self._list_seconds.append(time.monotonic() - started)
-            prefix = self.key_of(dir_inode)  # (renamed while S3 listed it: its new place)
         except ObjectStoreError as exc:
             if not dir_inode.listed_at:
                 raise
@@ -342,6 +345,12 @@ class Listed(Tree):
                 self.detach(self.inodes[ino])
                 self.kernel.entry(dir_inode.ino, name)
         dir_inode.listed_at = time.monotonic()
+
+    def _objects_of(self, prefix: str) -> str:
+        """Where S3 holds the objects of the directory `prefix`: a directory renamed here
+        whose objects S3 has not moved yet is listed where they are, and its files read
+        from there until the move's copies land (then they are rebased)."""
+        return (self.names.moved_from(prefix) if self.names is not None else None) or prefix
 
     def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
         """A listing saw the object: unchanged, that validates it for close-to-open (no

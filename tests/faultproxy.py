@@ -27,7 +27,9 @@ connections it held, so their clients see an error, and new ones are served agai
 `delay_keys(prefix, seconds)` holds each request on a key starting with `prefix` (on parsed
 connections) for `seconds` before it is forwarded, or until `release_keys()`: one
 directory's uploads wait while the others' go through; `requests_held` counts the
-requests that have waited so far.
+requests that have waited so far; `delay_requests(match, seconds)` does the same for the
+requests (method, target) that `match` chooses (a listing of one prefix, a GET but not a
+DELETE of one key).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 _CHUNK = 64 * 1024
+
+
+def _key_of(target: str) -> str:
+    """The object key of a path-style request target (/bucket/key?query)."""
+    return unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
 
 
 def _reset(sock: socket.socket) -> None:
@@ -82,7 +89,7 @@ class FaultProxy:
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._delayed: dict[str, tuple[float, threading.Event]] = {}  # key prefix -> hold
+        self._delayed: list[tuple[Callable[[str, str], bool], float, threading.Event]] = []
         self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -234,20 +241,28 @@ class FaultProxy:
     def delay_keys(self, prefix: str, seconds: float = math.inf) -> None:
         """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
         each before forwarding them, or until `release_keys()`."""
+        self.delay_requests(lambda method, target: _key_of(target).startswith(prefix), seconds)
+
+    def delay_requests(self, match: Callable[[str, str], bool],
+                       seconds: float = math.inf) -> threading.Event:
+        """Hold the requests (method, target) that `match`es for `seconds` each before
+        forwarding them, or until `release_keys()` or until the returned event is set."""
+        released = threading.Event()
         with self._lock:
-            self._delayed[prefix] = (seconds, threading.Event())
+            self._delayed.append((match, seconds, released))
+        return released
 
     def release_keys(self) -> None:
         """Forward the held requests now, and hold no more."""
         with self._lock:
-            held, self._delayed = self._delayed, {}
-        for _, released in held.values():
+            held, self._delayed = self._delayed, []
+        for _, _, released in held:
             released.set()
 
-    def _delay_if_held(self, target: str) -> None:
-        key = unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
+    def _delay_if_held(self, method: str, target: str) -> None:
         with self._lock:
-            hold = next((h for p, h in self._delayed.items() if key.startswith(p)), None)
+            hold = next(((seconds, released) for match, seconds, released in self._delayed
+                         if match(method, target)), None)
             if hold is not None:
                 self.requests_held += 1
         if hold is not None:
@@ -295,7 +310,7 @@ class FaultProxy:
                         pass
                     raise OSError("closed")
                 if answer is None:
-                    self._delay_if_held(target)
+                    self._delay_if_held(method, target)
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
                     self._answer(client, *answer, close=True)  # instead of 100 Continue

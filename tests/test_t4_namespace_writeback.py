@@ -11,8 +11,10 @@ import os
 import random
 import shutil
 import stat
+import threading
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -279,3 +281,99 @@ def test_flush_returns_once_a_file_renamed_after_its_write_is_in_s3_under_its_fi
                    if ".metadata" in target]
         assert any(method == "DELETE" and target.endswith("/ckpt/.metadata.tmp")
                    for method, target in methods), methods
+
+
+def _listing(prefix: str, recursive: bool):
+    """Matches a ListObjectsV2 of `prefix`: recursive (a written-back move listing its
+    source) or by directory (the mount listing one directory)."""
+    def match(method: str, target: str) -> bool:
+        query = unquote(target)
+        return (method == "GET" and "list-type=2" in query and f"prefix={prefix}&" in query + "&"
+                and ("delimiter=" in query) is not recursive)
+    return match
+
+
+def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _move_a_never_listed_tree(s3, m, fault_proxy) -> tuple[dict[str, bytes], object]:
+    """S3 holds ckpt/shards/{a.bin,deep/b.bin}; ckpt is renamed to ckpt-final with the move's
+    own listing of ckpt/ held at the proxy (the move has not started; returns its event)."""
+    bodies = {"ckpt/shards/a.bin": os.urandom(300_000), "ckpt/shards/deep/b.bin": b"b"}
+    for key, body in bodies.items():
+        s3.put(key, body, {})
+    assert "ckpt" in os.listdir(m.path)
+    move = fault_proxy.delay_requests(_listing("ckpt/", recursive=True))
+    os.rename(m.path / "ckpt", m.path / "ckpt-final")
+    _wait_until(lambda: any(_listing("ckpt/", recursive=True)(*r)
+                            for r in fault_proxy.requests_log), "the move's listing is held")
+    return bodies, move
+
+
+def _let_the_move_finish(s3, fault_proxy, move) -> None:
+    move.set()
+    _wait_until(lambda: s3.head("ckpt/shards/a.bin") is None
+                and s3.head("ckpt/shards/deep/b.bin") is None
+                and s3.head("ckpt-final/shards/a.bin") is not None, "the move lands in S3")
+
+
+def test_a_listing_that_a_written_back_move_overtakes_lists_the_objects_at_their_new_place(
+        mount_factory, s3, fault_proxy):
+    """A directory renamed here is listed where S3 still has its objects. If the move's
+    copies land and the old keys go while that listing is under way (CI: EIO reading a
+    file of it), the listing is taken again where the objects are now."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    listing = fault_proxy.delay_requests(_listing("ckpt/shards/", recursive=False))
+    bodies, move = _move_a_never_listed_tree(s3, m, fault_proxy)
+    listed: list[object] = []
+    lister = threading.Thread(target=lambda: listed.append(
+        sorted(os.listdir(m.path / "ckpt-final" / "shards"))))
+    lister.start()
+    try:
+        _wait_until(lambda: fault_proxy.requests_held >= 2, "the mount's listing is held")
+        _let_the_move_finish(s3, fault_proxy, move)
+    finally:
+        listing.set()
+        lister.join(60)
+    print("LOG", fault_proxy.requests_log)
+    assert listed == [["a.bin", "deep"]], m.log_tail()
+    shards = m.path / "ckpt-final" / "shards"
+    assert (shards / "a.bin").read_bytes() == bodies["ckpt/shards/a.bin"]
+    assert (shards / "deep" / "b.bin").read_bytes() == b"b"
+
+
+def test_a_read_whose_object_a_written_back_move_takes_away_reads_it_at_its_new_place(
+        mount_factory, s3, fault_proxy):
+    """A file listed at the old place of its renamed directory reads from there. If the
+    move deletes that object while the GET is on its way, the GET goes again to where
+    the object is now, instead of failing the read with EIO."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies, move = _move_a_never_listed_tree(s3, m, fault_proxy)
+    shards = m.path / "ckpt-final" / "shards"
+    assert sorted(os.listdir(shards)) == ["a.bin", "deep"]  # listed at ckpt/shards/
+    get = fault_proxy.delay_requests(
+        lambda method, target: method == "GET" and target.split("?")[0].endswith(
+            "/ckpt/shards/a.bin"))
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append((shards / "a.bin").read_bytes()))
+    reader.start()
+    try:
+        _wait_until(lambda: fault_proxy.requests_held == 2, "the read's GET is held")
+        _let_the_move_finish(s3, fault_proxy, move)
+    finally:
+        get.set()
+        reader.join(60)
+    assert read == [bodies["ckpt/shards/a.bin"]], m.log_tail()
+    assert " ERROR " not in m.log_tail(1000), m.log_tail()  # (the kernel tries a read again)
+    gets = [target for method, target in fault_proxy.requests_log
+            if method == "GET" and target.split("?")[0].endswith("shards/a.bin")]
+    assert gets[-1].split("?")[0].endswith("/ckpt-final/shards/a.bin"), gets
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {k.replace("ckpt/", "ckpt-final/", 1): v
+                               for k, v in bodies.items()}

@@ -88,14 +88,14 @@ class _Sent:
         yield memoryview(self.data)
 
 
-def _rejected(send: Callable[[], object]) -> bool | None:
+def _rejected(send: Callable[[], object], what: str) -> bool | None:
     """Whether S3 refused the request for its checksum (None: it failed otherwise)."""
     try:
         send()
     except ObjectStoreError as exc:
         if exc.code in REJECTED:
             return True
-        log.info("checksum probe of the endpoint failed: %s", exc)
+        log.info("checksum probe of the endpoint (%s) failed: %s", what, exc)
         return None
     return False
 
@@ -109,12 +109,15 @@ def probe(store: ObjectStore, prefix: str) -> bool | None:
     key = prefix + PROBE_KEY
     body = os.urandom(4096)  # (SeaweedFS answers IncompleteBody to a wrong trailer of 64)
     good = crc32c.crc32c(body)
-    verified = _rejected(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF))
+    verified = _rejected(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF), "in a header")
     put_piecewise = getattr(store, "put_piecewise", None)
     if verified and put_piecewise is not None:
         # a wrong trailer refused, the right one taken, and the bytes stored as sent
-        if _rejected(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True)) \
-                and _rejected(lambda: put_piecewise(key, _Sent(body, good), True)) is False:
+        trailer = "in an aws-chunked trailer; it takes them in a header"
+        if _rejected(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True),
+                     trailer) \
+                and _rejected(lambda: put_piecewise(key, _Sent(body, good), True),
+                              trailer) is False:
             try:
                 got = store.get(key)
             except ObjectStoreError as exc:
