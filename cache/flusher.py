@@ -3,7 +3,8 @@
 Small files go up with one PutObject; larger ones are multipart uploads whose parts
 follow the fixed chunk mapping, so a chunk written again is simply uploaded again.
 Unchanged ranges of an object that existed before are copied server-side
-(UploadPartCopy). Every S3 call is retried with backoff; dirty data is never dropped.
+(UploadPartCopy); the upload and its parts are `Uploads` (cache/uploads.py), the flusher
+decides when they go. Every S3 call is retried with backoff; dirty data is never dropped.
 Memory is bounded: each of at most `concurrency` uploads holds one 1 MiB piece of its part.
 Every part and object declares the CRC-32C of its bytes (s3/checksums), taken by the
 sending thread from the bytes it reads out of the cache file.
@@ -29,34 +30,22 @@ from lakefs_mount.cache.cachefile import (
     DIRTY_STATES,
     PENDING_STATES,
     CachedFile,
-    Chunk,
     ChunkState,
 )
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.cache.slots import Slots
+from lakefs_mount.cache.uploads import CommitSuperseded, Uploads
 from lakefs_mount.s3.checksums import ChecksumUse
-from lakefs_mount.s3.crc import crc32c_combine
-from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_SYMLINK, encode_attrs
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
 from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 ERRORS_BEFORE_FLUSH_FAILS = 5
-COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
-
-
-def _note_error(cf: CachedFile, message: str) -> None:
-    cf.last_error, cf.last_error_at = message, time.monotonic()
 
 
 class FlushFailed(Exception):
     pass
-
-
-class CommitSuperseded(Exception):
-    """The file changed while its commit ran, and the commit would need bytes of the
-    version it started with: it gives way, and the next commit takes the new content."""
 
 
 @dataclass
@@ -105,6 +94,8 @@ class Flusher:
         self.on_committed = on_committed  # an object is now in S3 (its directory's index)
         self.gate = gate
         self.checksums = ChecksumUse.from_environment()  # the probe: whether S3 checks
+        self.uploads = Uploads(cache, self._slots, lambda cf: cf in self._flushing,
+                               self.checksums, self._progress_changed)
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -120,7 +111,7 @@ class Flusher:
                 self.demand.wake = trio.Event()
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
-                    nursery.start_soon(self._stream_part, cf, idx)
+                    nursery.start_soon(self.uploads.stream_part, cf, idx)
                 self._start_due_commits(nursery)
 
     def _start_due_commits(self, nursery: trio.Nursery) -> None:
@@ -206,217 +197,6 @@ class Flusher:
 
     # -- S3 calls with error bookkeeping ---------------------------------------------
 
-    async def _s3(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
-        """An S3 call of a commit: its failed attempts show in status at once; the call
-        counts as one failure of the file (`error_streak`, which fails a waiting flush
-        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
-        def on_error(exc: Exception) -> None:
-            _note_error(cf, str(exc))
-            self._progress_changed()
-
-        # A few quick attempts only: a commit holds the file's lock, which a rename needs;
-        # the commit task itself backs off (without the lock) and tries again.
-        try:
-            result: object = await self.store.retrying(
-                what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
-                max_attempts=COMMIT_ATTEMPTS)
-        except NoSuchUpload:
-            # most often a rename's abort of the upload this request was part of: not a
-            # failure of the file (_forget_upload counts one where its upload vanished)
-            raise
-        except Exception:
-            cf.error_streak += 1
-            cf.error_count += 1
-            raise
-        cf.error_streak = 0
-        cf.last_error = None
-        return result
-
-    def _metadata(self, cf: CachedFile) -> dict[str, str]:
-        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev)
-        if cf.symlink is not None:
-            meta[META_SYMLINK] = "1"
-        return meta
-
-    async def _ensure_upload(self, cf: CachedFile) -> tuple[str, str]:
-        """The file's open upload, created for its key now. A rename while the upload was
-        being created (the rename found none to take off) leaves it at the old key: it
-        is abandoned as the rename would have, and one is created for the new key."""
-        async with cf.upload_lock:
-            while True:
-                if cf.upload_id is not None and cf.upload_key is not None:
-                    if cf.upload_key == cf.key:
-                        return cf.upload_key, cf.upload_id
-                    await self.abandon_upload(cf)
-                key = cf.key
-                assert cf.fid is not None
-                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
-                # S3 keeps the whole object's CRC-32C only if every part has one: not
-                # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base_key is None
-                upload_id = await self._s3(cf, f"CreateMultipartUpload {key}",
-                                           self.store.sync.create_multipart, key,
-                                           self._metadata(cf), checksum)
-                assert isinstance(upload_id, str) and cf.fid is not None
-                cf.start_upload(upload_id, key, checksum)
-                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
-                                   checksum)
-
-    async def _forget_upload(self, cf: CachedFile) -> None:
-        """An upload vanished (aborted elsewhere, expired): its parts go up again.
-
-        Only if the file's current upload is the one gone: a request that raced with a
-        rename's abort must not throw away the upload that replaced it.
-        """
-        upload_id, upload_key = cf.upload_id, cf.upload_key
-        if upload_id is None or upload_key is None:
-            return
-        try:
-            await self.store.call(self.store.sync.list_parts, upload_key, upload_id)
-            return  # still there: the failure was an older upload's
-        except NoSuchUpload:
-            pass
-        if cf.upload_id != upload_id:
-            return
-        log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
-        cf.error_streak += 1
-        cf.error_count += 1
-        _note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
-                        f"expired behind the mount)")
-        await self.journal(self.journal.sync.end_upload, upload_id)
-        cf.take_upload()
-        self._uploaded_to_dirty(cf)
-        assert cf.fid is not None
-        await self.journal(self.journal.sync.forget_uploads, cf.fid)
-
-    def _uploaded_to_dirty(self, cf: CachedFile) -> None:
-        for idx, ch in cf.chunks.items():
-            if ch.state is ChunkState.UPLOADED:
-                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
-
-    # -- parts ------------------------------------------------------------------------
-
-    async def _stream_part(self, cf: CachedFile, idx: int) -> None:
-        try:
-            await self._upload_chunk(cf, idx)
-        except NoSuchUpload:
-            await self._forget_upload(cf)
-        except Exception as exc:  # never take the daemon down; the commit retries it
-            self._background_failure(cf, f"upload of part {idx + 1}", exc)
-            self.metrics[m.RETRIES] += 1  # (the part is still dirty: the commit sends it)
-
-    def _background_failure(self, cf: CachedFile, what: str, exc: Exception) -> None:
-        """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
-        log.error("%s of %s failed: %s", what, cf.key, exc,
-                  exc_info=not isinstance(exc, ObjectStoreError))
-        cf.error_streak += 1
-        cf.error_count += 1
-        _note_error(cf, f"{what}: {exc}")
-        self._progress_changed()
-
-    async def _upload_chunk(self, cf: CachedFile, idx: int) -> None:
-        """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile."""
-        ch = cf.chunks.get(idx)
-        if ch is None or ch.state is not ChunkState.DIRTY or cf.unlinked:
-            return
-        start, end = self.parts.chunk_range(idx)
-        end = min(end, cf.size)
-        if end <= start:
-            return
-        self.cache.set_state(cf, ch, idx, ChunkState.UPLOADING)
-        ch.settled = trio.Event()
-        gen = ch.gen
-        try:
-            async with self._slots.hold(cf, cf in self._flushing):
-                self.demand.in_flight += 1
-                try:
-                    key, upload_id = await self._ensure_upload(cf)
-                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
-                finally:
-                    self.demand.in_flight -= 1
-        except BaseException:
-            if ch.state is ChunkState.UPLOADING:
-                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
-            ch.settled.set()
-            raise
-        self.metrics[m.PARTS_UPLOADED] += 1
-        self.metrics[m.BYTES_UPLOADED] += end - start
-        current = cf.upload_id == upload_id  # not aborted by a rename meanwhile
-        if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
-                and current):
-            self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
-            ch.etag, ch.length, ch.sent_crc = str(etag), end - start, crc
-            assert cf.fid is not None
-            await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag), crc)
-        elif ch.state is ChunkState.UPLOADING:
-            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
-        ch.settled.set()
-        self._progress_changed()
-
-    async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
-                         start: int, end: int) -> tuple[str, int | None]:
-        """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
-        (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
-        The store declares that CRC to S3 (s3/checksums) only in an upload created with
-        a checksum type: AWS refuses a part's checksum in an upload created without one
-        ("Checksum Type mismatch"), which the probe not yet done at the upload's start,
-        a base object to copy parts from, or an older journal make."""
-        what = f"UploadPart {key} #{idx + 1}"
-        bodies: list[CachePartBody] = []
-        declare = cf.upload_checksum and cf.upload_id == upload_id
-        async with self.cache.part_reader(cf, start, end) as source:
-            def send() -> str:  # a fresh body for every attempt
-                body = CachePartBody(source, start, end - start)
-                bodies[:] = [body]
-                return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
-                    key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
-
-            etag = str(await self._s3(cf, what, send))
-        return etag, bodies[-1].sent_crc
-
-    async def _part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
-                               key: str, upload_id: str) -> tuple[int, str, int | None]:
-        """The number, ETag and CRC-32C (None if not known) of part idx+1 holding bytes
-        of chunk idx up to `size` (of `version`)."""
-        start, end = self.parts.chunk_range(idx)
-        end = min(end, size)
-        while True:
-            ch = cf.chunks.get(idx)
-            if ch is not None and ch.state is ChunkState.UPLOADING and ch.settled is not None:
-                await ch.settled.wait()
-                continue
-            if (ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start
-                    and (ch.sent_crc is not None or not cf.upload_checksum)
-                    and not await self._stale(cf, idx, ch)):
-                assert ch.etag is not None
-                return idx + 1, ch.etag, ch.sent_crc
-            in_base = cf.base_key is not None and end <= cf.base_size
-            if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
-                assert cf.base_key is not None
-                async with self._slots.hold(cf, cf in self._flushing):
-                    etag = await self._s3(cf, f"UploadPartCopy {key} #{idx + 1}",
-                                          self.store.sync.upload_part_copy, key, upload_id,
-                                          idx + 1, cf.base_key, start, end)
-                self.metrics[m.PARTS_COPIED] += 1
-                return idx + 1, str(etag), None
-            if cf.version != version or cf.unlinked:
-                raise CommitSuperseded  # what this part should hold is no longer cached
-            if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
-                # A hole, a part of another length, of older bytes or of no known CRC in
-                # an upload that needs it: the cached bytes go up as they are.
-                await self.cache.mark_dirty(cf, [idx], None)
-            await self._upload_chunk(cf, idx)
-
-    async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:
-        """An uploaded part a passthrough writer may have changed since (`Chunk.verify`):
-        True unless its CRC-32C still matches the cache file."""
-        if not ch.verify:
-            return False
-        ch.verify = False
-        start = self.parts.chunk_range(idx)[0]
-        return (ch.sent_crc is None
-                or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
-
     # -- commits ----------------------------------------------------------------------
 
     async def _commit_task(self, cf: CachedFile) -> None:
@@ -432,7 +212,7 @@ class Flusher:
                         await self._commit(cf)
                         break
                     except NoSuchUpload:
-                        await self._forget_upload(cf)
+                        await self.uploads.forget(cf)
                     except CommitSuperseded:
                         break  # re-requested below once the file is closed again
                     except NoSuchKey:
@@ -441,7 +221,7 @@ class Flusher:
                         break
         except Exception as exc:
             failed = True
-            self._background_failure(cf, "commit", exc)
+            self.uploads.background_failure(cf, "commit", exc)
         finally:
             self._committing.discard(cf)
             if cf in self._commit_wanted:  # requested meanwhile: it may start now
@@ -464,7 +244,7 @@ class Flusher:
         if cf.pt_writers:  # the kernel writes it directly: commit what it holds now
             await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
-        meta = self._metadata(cf)
+        meta = self.uploads.metadata(cf)
         nchunks = self.parts.chunk_count(size)
         started = time.monotonic()
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
@@ -475,12 +255,12 @@ class Flusher:
             body = cf.symlink.encode()
             size = len(body)  # the object's size, as listings show it (the index checks it)
             crc = crc32c.crc32c(body) if self.checksums.send else None
-            etag = await self._s3(cf, f"PutObject {cf.key}", self.store.sync.put,
+            etag = await self.uploads.call(cf, f"PutObject {cf.key}", self.store.sync.put,
                                   cf.key, body, meta, crc)
             self.metrics[m.OBJECTS_PUT] += 1
             committed: list[int] = []
         elif attrs_only and size > 0:
-            etag = await self._s3(cf, f"CopyObject {cf.key}", self.store.sync.copy,
+            etag = await self.uploads.call(cf, f"CopyObject {cf.key}", self.store.sync.copy,
                                   cf.key, cf.key, meta)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
             committed = []
@@ -488,7 +268,7 @@ class Flusher:
                 crc = cf.committed_crc[1]  # the same bytes
         elif nchunks <= 1:
             if cf.upload_id is not None:
-                await self._abort_upload(cf)
+                await self.uploads.abort(cf)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
             key = cf.key
             declare = self.checksums.send
@@ -500,7 +280,7 @@ class Flusher:
                     crcs[:] = [crc32c.crc32c(data)] if declare else []
                     return self.store.sync.put(key, data, meta, crcs[0] if crcs else None)
 
-                etag = await self._s3(cf, f"PutObject {key}", put)
+                etag = await self.uploads.call(cf, f"PutObject {key}", put)
             crc = crcs[0] if crcs else None
             self.metrics[m.OBJECTS_PUT] += 1
             self.metrics[m.BYTES_UPLOADED] += size
@@ -510,11 +290,11 @@ class Flusher:
                     self.cache.set_state(cf, ch, i, ChunkState.UPLOADED)  # made clean below
                     committed.append(i)
         else:
-            key, upload_id = await self._ensure_upload(cf)
+            key, upload_id = await self.uploads.ensure(cf)
             results: dict[int, tuple[str, int | None]] = {}
 
             async def one(idx: int) -> None:
-                number, etag, part_crc = await self._part_for_commit(cf, idx, size, version,
+                number, etag, part_crc = await self.uploads.part_for_commit(cf, idx, size, version,
                                                                      key, upload_id)
                 results[number] = etag, part_crc
 
@@ -525,10 +305,10 @@ class Flusher:
             except ExceptionGroup as group:  # NoSuchUpload, CommitSuperseded: see the caller
                 raise group.exceptions[0] from group
             parts = [(n, etag) for n, (etag, _) in sorted(results.items())]
-            crc = self._full_crc([c for _, (_, c) in sorted(results.items())], size)
+            crc = self.uploads.full_crc([c for _, (_, c) in sorted(results.items())], size)
             listed = ([c for _, (_, c) in sorted(results.items())]  # (all known: see above)
                       if cf.upload_checksum else None)
-            etag = await self._s3(cf, f"CompleteMultipartUpload {key}",
+            etag = await self.uploads.call(cf, f"CompleteMultipartUpload {key}",
                                   self.store.sync.complete_multipart, key, upload_id, parts,
                                   listed, crc if cf.upload_checksum else None)
             self.metrics[m.UPLOADS_COMPLETED] += 1
@@ -537,7 +317,7 @@ class Flusher:
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
-        self._uploaded_to_dirty(cf)  # parts of an upload that no longer exists
+        self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
         cf.committed_crc = None if crc is None else (str(etag), crc)
         cf.s3_meta = meta
@@ -557,16 +337,6 @@ class Flusher:
         self.on_committed(cf)
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
 
-    def _full_crc(self, crcs: list[int | None], size: int) -> int | None:
-        """The whole object's CRC-32C from its parts' (None unless all are known)."""
-        total = 0
-        for idx, part_crc in enumerate(crcs):
-            if part_crc is None:
-                return None
-            start, end = self.parts.chunk_range(idx)
-            total = crc32c_combine(total, part_crc, min(end, size) - start)
-        return total
-
     async def _base_vanished(self, cf: CachedFile) -> bool:
         """The object holding the unchanged bytes is gone: deleted (an unlink that crashed
         half-way, D15) or by another node. The file's pending state goes with it."""
@@ -577,26 +347,6 @@ class Flusher:
         await self.cache.discard(cf)
         cf.unlinked = False
         return True
-
-    async def abandon_upload(self, cf: CachedFile) -> None:
-        """A rename of a file whose upload is open at the old key: the parts go again, to
-        the new key, from the cache. The upload is aborted in the background (a rename
-        never waits for S3); nothing is ever completed at the old name."""
-        if cf.upload_id is not None:
-            self.cache.detach_upload(cf)
-            self._uploaded_to_dirty(cf)
-            assert cf.fid is not None
-            await self.journal(self.journal.sync.forget_uploads, cf.fid)
-
-    async def _abort_upload(self, cf: CachedFile) -> None:
-        assert cf.upload_id is not None and cf.upload_key is not None
-        await self._s3(cf, f"AbortMultipartUpload {cf.upload_key}",
-                       self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
-        await self.journal(self.journal.sync.end_upload, cf.upload_id)
-        cf.take_upload()
-        self._uploaded_to_dirty(cf)
-        assert cf.fid is not None
-        await self.journal(self.journal.sync.forget_uploads, cf.fid)
 
     def status(self) -> dict[str, object]:
         return {

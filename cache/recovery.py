@@ -94,7 +94,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     remote_parts: dict[int, str] | None = None
     if cf.upload_id is not None and cf.upload_key is not None and cf.upload_key != cf.key:
         # Renamed while its upload was open, by a mount older than the background abort
-        # (Flusher.abandon_upload): nothing completes at the old name; the parts go again.
+        # (Uploads.abandon): nothing completes at the old name; the parts go again.
         await store.retrying(f"AbortMultipartUpload {cf.upload_key}",
                              store.sync.abort_multipart, cf.upload_key, cf.upload_id)
         await journal(journal.sync.forget_uploads, rec.fid)

@@ -45,7 +45,7 @@ class Renames:
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
-            await self.flusher.abandon_upload(cf)
+            await self.flusher.uploads.abandon(cf)
             obj = self.names.object_key(cf.key, cf.base_key)
             if obj is not None:
                 rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
@@ -75,7 +75,7 @@ class Renames:
         files = [node.file for node in nodes if node.file is not None]
         async with self._commit_locks(files):  # no commit lands at an old key after this
             for cf in files:
-                await self.flusher.abandon_upload(cf)
+                await self.flusher.uploads.abandon(cf)
             await self.names.record(MOVE, old_prefix, new_prefix,
                                     arg=dir_arg(dir_stat(inode), replace=False),
                                     rekey_prefix=(old_prefix, new_prefix))

@@ -1,0 +1,293 @@
+"""A file's way into S3 as a multipart upload: the upload itself and its parts.
+
+The upload is created for the file's current key (and abandoned, aborted in the
+background, when a rename moves the file); parts stream while the file is written, a
+commit takes each part as uploaded, copies it from the base object (UploadPartCopy) or
+sends it again. S3 calls made for a file count against it (`error_streak`), which is how
+a flush learns that a file keeps failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.cache.partbody import CachePartBody
+from lakefs_mount.cache.slots import Slots
+from lakefs_mount.s3.checksums import ChecksumUse
+from lakefs_mount.s3.crc import crc32c_combine
+from lakefs_mount.s3.layout import META_SYMLINK, encode_attrs
+from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
+
+
+def note_error(cf: CachedFile, message: str) -> None:
+    cf.last_error, cf.last_error_at = message, time.monotonic()
+
+
+class CommitSuperseded(Exception):
+    """The file changed while its commit ran, and the commit would need bytes of the
+    version it started with: it gives way, and the next commit takes the new content."""
+
+
+class Uploads:
+    def __init__(self, cache: CacheManager, slots: Slots, urgent: Callable[[CachedFile], bool],
+                 checksums: ChecksumUse, on_progress: Callable[[], None]) -> None:
+        self.cache = cache
+        self.demand = cache.demand
+        self.store = cache.store
+        self.journal = cache.journal
+        self.parts = cache.parts
+        self.metrics = cache.metrics
+        self.slots = slots
+        self.urgent = urgent  # a flush waits for the file: its S3 calls go first
+        self.checksums = checksums
+        self.on_progress = on_progress
+
+    async def call(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
+        """An S3 call of a commit: its failed attempts show in status at once; the call
+        counts as one failure of the file (`error_streak`, which fails a waiting flush
+        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
+        def on_error(exc: Exception) -> None:
+            note_error(cf, str(exc))
+            self.on_progress()
+
+        # A few quick attempts only: a commit holds the file's lock, which a rename needs;
+        # the commit task itself backs off (without the lock) and tries again.
+        try:
+            result: object = await self.store.retrying(
+                what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
+                max_attempts=COMMIT_ATTEMPTS)
+        except NoSuchUpload:
+            # most often a rename's abort of the upload this request was part of: not a
+            # failure of the file (`forget` counts one where its upload vanished)
+            raise
+        except Exception:
+            cf.error_streak += 1
+            cf.error_count += 1
+            raise
+        cf.error_streak = 0
+        cf.last_error = None
+        return result
+
+    def metadata(self, cf: CachedFile) -> dict[str, str]:
+        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev)
+        if cf.symlink is not None:
+            meta[META_SYMLINK] = "1"
+        return meta
+
+    async def ensure(self, cf: CachedFile) -> tuple[str, str]:
+        """The file's open upload, created for its key now. A rename while the upload was
+        being created (the rename found none to take off) leaves it at the old key: it
+        is abandoned as the rename would have, and one is created for the new key."""
+        async with cf.upload_lock:
+            while True:
+                if cf.upload_id is not None and cf.upload_key is not None:
+                    if cf.upload_key == cf.key:
+                        return cf.upload_key, cf.upload_id
+                    await self.abandon(cf)
+                key = cf.key
+                assert cf.fid is not None
+                await self.journal(self.journal.sync.intend_upload, cf.fid, key)
+                # S3 keeps the whole object's CRC-32C only if every part has one: not
+                # where parts may be copied from a base object (UploadPartCopy)
+                checksum = self.checksums.full_object and cf.base_key is None
+                upload_id = await self.call(cf, f"CreateMultipartUpload {key}",
+                                           self.store.sync.create_multipart, key,
+                                           self.metadata(cf), checksum)
+                assert isinstance(upload_id, str) and cf.fid is not None
+                cf.start_upload(upload_id, key, checksum)
+                await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
+                                   checksum)
+
+    async def forget(self, cf: CachedFile) -> None:
+        """An upload vanished (aborted elsewhere, expired): its parts go up again.
+
+        Only if the file's current upload is the one gone: a request that raced with a
+        rename's abort must not throw away the upload that replaced it.
+        """
+        upload_id, upload_key = cf.upload_id, cf.upload_key
+        if upload_id is None or upload_key is None:
+            return
+        try:
+            await self.store.call(self.store.sync.list_parts, upload_key, upload_id)
+            return  # still there: the failure was an older upload's
+        except NoSuchUpload:
+            pass
+        if cf.upload_id != upload_id:
+            return
+        log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
+        cf.error_streak += 1
+        cf.error_count += 1
+        note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
+                        f"expired behind the mount)")
+        await self.journal(self.journal.sync.end_upload, upload_id)
+        cf.take_upload()
+        self.uploaded_to_dirty(cf)
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.forget_uploads, cf.fid)
+
+    def uploaded_to_dirty(self, cf: CachedFile) -> None:
+        for idx, ch in cf.chunks.items():
+            if ch.state is ChunkState.UPLOADED:
+                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
+
+    async def stream_part(self, cf: CachedFile, idx: int) -> None:
+        try:
+            await self.upload_chunk(cf, idx)
+        except NoSuchUpload:
+            await self.forget(cf)
+        except Exception as exc:  # never take the daemon down; the commit retries it
+            self.background_failure(cf, f"upload of part {idx + 1}", exc)
+            self.metrics[m.RETRIES] += 1  # (the part is still dirty: the commit sends it)
+
+    def background_failure(self, cf: CachedFile, what: str, exc: Exception) -> None:
+        """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
+        log.error("%s of %s failed: %s", what, cf.key, exc,
+                  exc_info=not isinstance(exc, ObjectStoreError))
+        cf.error_streak += 1
+        cf.error_count += 1
+        note_error(cf, f"{what}: {exc}")
+        self.on_progress()
+
+    async def upload_chunk(self, cf: CachedFile, idx: int) -> None:
+        """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile."""
+        ch = cf.chunks.get(idx)
+        if ch is None or ch.state is not ChunkState.DIRTY or cf.unlinked:
+            return
+        start, end = self.parts.chunk_range(idx)
+        end = min(end, cf.size)
+        if end <= start:
+            return
+        self.cache.set_state(cf, ch, idx, ChunkState.UPLOADING)
+        ch.settled = trio.Event()
+        gen = ch.gen
+        try:
+            async with self.slots.hold(cf, self.urgent(cf)):
+                self.demand.in_flight += 1
+                try:
+                    key, upload_id = await self.ensure(cf)
+                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
+                finally:
+                    self.demand.in_flight -= 1
+        except BaseException:
+            if ch.state is ChunkState.UPLOADING:
+                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
+            ch.settled.set()
+            raise
+        self.metrics[m.PARTS_UPLOADED] += 1
+        self.metrics[m.BYTES_UPLOADED] += end - start
+        current = cf.upload_id == upload_id  # not aborted by a rename meanwhile
+        if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
+                and current):
+            self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
+            ch.etag, ch.length, ch.sent_crc = str(etag), end - start, crc
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag), crc)
+        elif ch.state is ChunkState.UPLOADING:
+            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
+        ch.settled.set()
+        self.on_progress()
+
+    async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
+                         start: int, end: int) -> tuple[str, int | None]:
+        """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
+        (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
+        The store declares that CRC to S3 (s3/checksums) only in an upload created with
+        a checksum type: AWS refuses a part's checksum in an upload created without one
+        ("Checksum Type mismatch"), which the probe not yet done at the upload's start,
+        a base object to copy parts from, or an older journal make."""
+        what = f"UploadPart {key} #{idx + 1}"
+        bodies: list[CachePartBody] = []
+        declare = cf.upload_checksum and cf.upload_id == upload_id
+        async with self.cache.part_reader(cf, start, end) as source:
+            def send() -> str:  # a fresh body for every attempt
+                body = CachePartBody(source, start, end - start)
+                bodies[:] = [body]
+                return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
+                    key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
+
+            etag = str(await self.call(cf, what, send))
+        return etag, bodies[-1].sent_crc
+
+    async def part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
+                               key: str, upload_id: str) -> tuple[int, str, int | None]:
+        """The number, ETag and CRC-32C (None if not known) of part idx+1 holding bytes
+        of chunk idx up to `size` (of `version`)."""
+        start, end = self.parts.chunk_range(idx)
+        end = min(end, size)
+        while True:
+            ch = cf.chunks.get(idx)
+            if ch is not None and ch.state is ChunkState.UPLOADING and ch.settled is not None:
+                await ch.settled.wait()
+                continue
+            if (ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start
+                    and (ch.sent_crc is not None or not cf.upload_checksum)
+                    and not await self._stale(cf, idx, ch)):
+                assert ch.etag is not None
+                return idx + 1, ch.etag, ch.sent_crc
+            in_base = cf.base_key is not None and end <= cf.base_size
+            if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
+                assert cf.base_key is not None
+                async with self.slots.hold(cf, self.urgent(cf)):
+                    etag = await self.call(cf, f"UploadPartCopy {key} #{idx + 1}",
+                                          self.store.sync.upload_part_copy, key, upload_id,
+                                          idx + 1, cf.base_key, start, end)
+                self.metrics[m.PARTS_COPIED] += 1
+                return idx + 1, str(etag), None
+            if cf.version != version or cf.unlinked:
+                raise CommitSuperseded  # what this part should hold is no longer cached
+            if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
+                # A hole, a part of another length, of older bytes or of no known CRC in
+                # an upload that needs it: the cached bytes go up as they are.
+                await self.cache.mark_dirty(cf, [idx], None)
+            await self.upload_chunk(cf, idx)
+
+    async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:
+        """An uploaded part a passthrough writer may have changed since (`Chunk.verify`):
+        True unless its CRC-32C still matches the cache file."""
+        if not ch.verify:
+            return False
+        ch.verify = False
+        start = self.parts.chunk_range(idx)[0]
+        return (ch.sent_crc is None
+                or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
+
+    def full_crc(self, crcs: list[int | None], size: int) -> int | None:
+        """The whole object's CRC-32C from its parts' (None unless all are known)."""
+        total = 0
+        for idx, part_crc in enumerate(crcs):
+            if part_crc is None:
+                return None
+            start, end = self.parts.chunk_range(idx)
+            total = crc32c_combine(total, part_crc, min(end, size) - start)
+        return total
+
+    async def abandon(self, cf: CachedFile) -> None:
+        """A rename of a file whose upload is open at the old key: the parts go again, to
+        the new key, from the cache. The upload is aborted in the background (a rename
+        never waits for S3); nothing is ever completed at the old name."""
+        if cf.upload_id is not None:
+            self.cache.detach_upload(cf)
+            self.uploaded_to_dirty(cf)
+            assert cf.fid is not None
+            await self.journal(self.journal.sync.forget_uploads, cf.fid)
+
+    async def abort(self, cf: CachedFile) -> None:
+        assert cf.upload_id is not None and cf.upload_key is not None
+        await self.call(cf, f"AbortMultipartUpload {cf.upload_key}",
+                       self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
+        await self.journal(self.journal.sync.end_upload, cf.upload_id)
+        cf.take_upload()
+        self.uploaded_to_dirty(cf)
+        assert cf.fid is not None
+        await self.journal(self.journal.sync.forget_uploads, cf.fid)
