@@ -215,6 +215,7 @@ class InodeOps:
                 or time.monotonic() - cf.validated_at < self.ns.ttl or self.ns.s3_slow()):
             return
         patience = self.ns.patience(True)
+        started = trio.current_time()
         try:
             with trio.move_on_after(patience) as waited:
                 info = await self.store.head(cf.base_key)
@@ -223,7 +224,7 @@ class InodeOps:
                         cf.base_key, exc)
             return
         if waited.cancelled_caught:
-            self.ns.s3_was_slow()
+            self.ns.kept_waiting(started)
             log.warning("%s not revalidated (S3 did not answer in %.2f s): the version last "
                         "seen is served", cf.base_key, patience)
             return

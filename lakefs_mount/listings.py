@@ -130,8 +130,17 @@ class Listed(Tree):
         with trio.move_on_at(work.started + patience if patience else -math.inf):
             await work.done.wait()
         if not work.done.is_set():
-            self.s3_was_slow()
+            self.kept_waiting(work.started)
         return work.done.is_set()
+
+    def kept_waiting(self, started: float) -> None:
+        """Work started at `started` (trio time) outlasted a lookup's patience: S3 counts
+        as slow for a while, unless it answered anything else meanwhile. A loaded S3 that
+        answers uploads and reads is alive; one listing past the patience on a busy
+        machine marked it slow, and for 10 s opens served the version last seen and
+        lookups the last listing without asking it (issue 30)."""
+        if not self._answered_since(started):
+            self.s3_was_slow()
 
     def s3_slow(self) -> bool:
         """S3 failed or kept a listing waiting a moment ago: names and attributes the
@@ -272,8 +281,11 @@ class Listed(Tree):
             return True
         probe = self._probe
         if probe is None or probe.done.is_set():  # (one under way at a time, in a black hole)
+            # One attempt: sent into an outage, it ends at its time bound and the next
+            # lookup sends a fresh one; retried, it went on long after S3 was back, and
+            # meanwhile S3 looked quiet to every lookup.
             probe = self._probe = self.in_background(
-                lambda: self.store.head(self.prefix + RESERVED_NAME + "/"))
+                lambda: self.store.head(self.prefix + RESERVED_NAME + "/", attempts=1))
         with trio.move_on_at(max(probe.started, trio.current_time() - patience) + patience):
             await probe.done.wait()
         if (probe.done.is_set() and (probe.error is None  # any answer of S3's is a sign of life

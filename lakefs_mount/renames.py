@@ -89,11 +89,12 @@ class Renames:
         stack = [top]
         while stack:
             node = stack.pop()
+            started = trio.current_time()
             with trio.move_on_after(self.ns.patience(True)) as waited:
                 async with s3_errors(f"listing {self.ns.key_of(node)}"):
                     await self.ns.ensure_listed(node, lenient=True)
             if waited.cancelled_caught:  # (its listing goes on, and lands when S3 answers)
-                self.ns.s3_was_slow()
+                self.ns.kept_waiting(started)
                 log.warning("renaming %s without the names S3 has below it: S3 did not list "
                             "it in time (the move lists them when S3 answers)",
                             self.ns.key_of(node))

@@ -52,6 +52,16 @@ def _key_of(target: str) -> str:
     return unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
 
 
+def listing(prefix: str, recursive: bool) -> Callable[[str, str], bool]:
+    """A request matcher (`delay_requests`, `hold_requests`) for a ListObjectsV2 of
+    `prefix`: recursive (all keys below it) or by directory (with a delimiter)."""
+    def match(method: str, target: str) -> bool:
+        query = unquote(target) + "&"
+        return (method == "GET" and "list-type=2" in query and f"prefix={prefix}&" in query
+                and ("delimiter=" in query) is not recursive)
+    return match
+
+
 def _reset(sock: socket.socket) -> None:
     """Close with RST (SO_LINGER 0) so the peer sees a hard failure, not a clean EOF."""
     with contextlib.suppress(OSError):

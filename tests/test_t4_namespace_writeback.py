@@ -14,9 +14,9 @@ import stat
 import threading
 import time
 from pathlib import Path
-from urllib.parse import unquote
 
 import pytest
+from faultproxy import listing
 
 MiB = 1024 * 1024
 
@@ -283,16 +283,6 @@ def test_flush_returns_once_a_file_renamed_after_its_write_is_in_s3_under_its_fi
                    for method, target in methods), methods
 
 
-def _listing(prefix: str, recursive: bool):
-    """Matches a ListObjectsV2 of `prefix`: recursive (a written-back move listing its
-    source) or by directory (the mount listing one directory)."""
-    def match(method: str, target: str) -> bool:
-        query = unquote(target)
-        return (method == "GET" and "list-type=2" in query and f"prefix={prefix}&" in query + "&"
-                and ("delimiter=" in query) is not recursive)
-    return match
-
-
 def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -307,9 +297,9 @@ def _move_a_never_listed_tree(s3, m, fault_proxy) -> tuple[dict[str, bytes], obj
     for key, body in bodies.items():
         s3.put(key, body, {})
     assert "ckpt" in os.listdir(m.path)
-    move = fault_proxy.delay_requests(_listing("ckpt/", recursive=True))
+    move = fault_proxy.delay_requests(listing("ckpt/", recursive=True))
     os.rename(m.path / "ckpt", m.path / "ckpt-final")
-    _wait_until(lambda: any(_listing("ckpt/", recursive=True)(*r)
+    _wait_until(lambda: any(listing("ckpt/", recursive=True)(*r)
                             for r in fault_proxy.requests_log), "the move's listing is held")
     return bodies, move
 
@@ -328,7 +318,7 @@ def test_a_listing_that_a_written_back_move_overtakes_lists_the_objects_at_their
     file of it), the listing is taken again where the objects are now."""
     fault_proxy.parse_requests = True
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
-    listing = fault_proxy.delay_requests(_listing("ckpt/shards/", recursive=False))
+    held_listing = fault_proxy.delay_requests(listing("ckpt/shards/", recursive=False))
     bodies, move = _move_a_never_listed_tree(s3, m, fault_proxy)
     listed: list[object] = []
     lister = threading.Thread(target=lambda: listed.append(
@@ -338,7 +328,7 @@ def test_a_listing_that_a_written_back_move_overtakes_lists_the_objects_at_their
         _wait_until(lambda: fault_proxy.requests_held >= 2, "the mount's listing is held")
         _let_the_move_finish(s3, fault_proxy, move)
     finally:
-        listing.set()
+        held_listing.set()
         lister.join(60)
     print("LOG", fault_proxy.requests_log)
     assert listed == [["a.bin", "deep"]], m.log_tail()

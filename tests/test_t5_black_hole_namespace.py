@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from faultproxy import listing
 from test_t4_namespace_writeback import bucket_tree, save_checkpoint, tree
 
 from lakefs_mount.s3.layout import encode_attrs
@@ -296,3 +297,37 @@ def test_a_lookup_in_a_directory_never_listed_waits_for_s3_after_a_slow_listing(
         assert (m.path / "ckpt" / ".metadata").read_bytes() == b"meta", m.log_tail()
     finally:
         fault_proxy.hold_requests(None)
+
+
+def test_a_slow_listing_while_s3_answers_other_requests_does_not_count_s3_as_slow(
+        mount_factory, s3, fault_proxy):
+    """One listing past a lookup's patience counted S3 as slow for 10 s even while S3
+    answered everything else (a loaded S3, issue 30): meanwhile an open after the TTL
+    served the version last seen without asking S3. Now S3 counts as slow only if
+    nothing answered while the listing kept the lookup waiting."""
+    s3.put("d/a.txt", b"version 1", {})
+    s3.put("e/x.bin", b"x", {})
+    for i in range(40):
+        s3.put(f"g/{i}.bin", bytes([i]) * 100, {})
+    fault_proxy.parse_requests = True
+    m = mount_factory("--metadata-ttl", "0.5", endpoint_url=fault_proxy.endpoint_url)
+    assert (m.path / "d" / "a.txt").read_bytes() == b"version 1"
+    assert os.listdir(m.path / "e") == ["x.bin"]
+    assert len(os.listdir(m.path / "g")) == 40
+    time.sleep(0.6)  # e's listing is past its TTL: `ls` lists it again
+    fault_proxy.delay_requests(listing("e/", recursive=False), 3.0)  # > any patience
+    looked_up = threading.Event()
+    lookup = threading.Thread(
+        target=lambda: (os.listdir(m.path / "e"), looked_up.set()))
+    lookup.start()
+    for i in range(40):  # S3 answers the mount's other requests meanwhile (GETs)
+        if looked_up.is_set():
+            break
+        assert (m.path / "g" / f"{i}.bin").read_bytes() == bytes([i]) * 100
+        time.sleep(0.05)
+    lookup.join(30)
+    assert looked_up.is_set()  # from the last listing, after the patience
+    assert fault_proxy.requests_held >= 1
+    s3.put("d/a.txt", b"version 2", {})
+    time.sleep(0.6)  # past the TTL: the next open asks S3
+    assert (m.path / "d" / "a.txt").read_bytes() == b"version 2", m.log_tail()

@@ -79,12 +79,12 @@ class AsyncStore:
             request.cancel()
 
     async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None,
-                   abandon: bool = False) -> T:
+                   abandon: bool = False, attempts: int = QUICK_ATTEMPTS) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a
         connection refused), QUICK_ATTEMPTS times: lookups and namespace changes."""
         if what is None:
             what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *args[:1]))
-        return await self.retrying(what, fn, *args, max_attempts=QUICK_ATTEMPTS,
+        return await self.retrying(what, fn, *args, max_attempts=attempts,
                                    transient_only=True, abandon=abandon)
 
     async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
@@ -133,11 +133,13 @@ class AsyncStore:
         self._retry_now.set()
         self._retry_now = trio.Event()
 
-    async def head(self, key: str, checksum: bool = False) -> ObjectInfo | None:
+    async def head(self, key: str, checksum: bool = False,
+                   attempts: int = QUICK_ATTEMPTS) -> ObjectInfo | None:
         self.metrics[m.HEADS] += 1
         # abandoned when cancelled: nothing waits on the thread, and an interrupted lookup
         # (FUSE_INTERRUPT) returns at once instead of when S3 answers
-        return await self.call(self.sync.head, key, checksum, abandon=True)
+        return await self.call(self.sync.head, key, checksum, abandon=True,
+                               attempts=attempts)
 
     async def list_dir(self, prefix: str) -> Listing:
         self.metrics[m.LISTS] += 1
