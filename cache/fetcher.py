@@ -282,7 +282,7 @@ class Fetcher:
         expected = cf.base_size
         if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
                 or not 0 < expected <= self.parts.chunk_range(0)[1]):
-            return await self.store.head(cf.key)
+            return await self.store.head(cf.base_key or cf.key)
         filling = self.fetching(cf, 0)  # writers of chunk 0 wait, as for any fetch
         return await self._for_waiter(lambda: self._fetch_small(cf, filling))
 

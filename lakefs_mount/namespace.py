@@ -13,6 +13,7 @@ import time
 
 import trio
 
+from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs
@@ -96,7 +97,7 @@ class Namespace(Listed):
                         and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
                     info = await self.cache.fetch_small_object(cf)
                 else:
-                    info = await self.store.head(cf.key)
+                    info = await self._head_object(cf)
             finally:
                 del self._head_loads[inode.ino]
             if inode.headed:
@@ -111,6 +112,16 @@ class Namespace(Listed):
 
         load = self._head_loads[inode.ino] = self.in_background(head_it)
         return load
+
+    async def _head_object(self, cf: CachedFile) -> ObjectInfo | None:
+        """HEAD where the file's object is: at its base while a pending move of it or of
+        its directory has not brought it to its new key (asked again at the new key if
+        that move landed meanwhile and took the object away)."""
+        while True:
+            key = cf.base_key or cf.key
+            info = await self.store.head(key)
+            if info is not None or (cf.base_key or cf.key) == key:
+                return info
 
     def _from_listing(self, inode: Inode, why: object) -> None:
         """A file S3 listed answers with what the listing gave (size, time, ETag; the

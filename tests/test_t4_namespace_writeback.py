@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from faultproxy import listing
 
+from lakefs_mount.s3.layout import encode_attrs
+
 MiB = 1024 * 1024
 
 
@@ -367,3 +369,22 @@ def test_a_read_whose_object_a_written_back_move_takes_away_reads_it_at_its_new_
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {k.replace("ckpt/", "ckpt-final/", 1): v
                                for k, v in bodies.items()}
+
+
+def test_a_file_of_a_moved_directory_shows_its_stored_attributes_before_the_move_lands(
+        mount_factory, s3, fault_proxy):
+    """Its metadata (mode, owner, mtime) is read where the object is while the move of
+    its directory is pending: the HEAD went to the new key, which S3 does not have yet,
+    and the file showed the defaults (0644, the mount's owner) from then on."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    mtime = 1_600_000_000 * 10**9
+    s3.put("ckpt/shards/deep/c.bin", b"c" * 300_000,
+           encode_attrs(stat.S_IFREG | 0o600, 1234, 5678, mtime))
+    _, move = _move_a_never_listed_tree(s3, m, fault_proxy)
+    try:
+        st = os.stat(m.path / "ckpt-final" / "shards" / "deep" / "c.bin")
+    finally:
+        move.set()
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns) == (
+        0o600, 1234, 5678, mtime), m.log_tail()
