@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -132,6 +133,22 @@ class CachedFile:
         self.upload_id = self.upload_key = None
         self.upload_checksum = False
         return taken
+
+    def note_error(self, message: str) -> None:
+        """Why the file's way into S3 failed last (status, and a flush waiting for it)."""
+        self.last_error, self.last_error_at = message, time.monotonic()
+
+    def failed(self, message: str | None = None) -> None:
+        """One more failure of the file's way into S3: a flush that sees it fail
+        ERRORS_BEFORE_FLUSH_FAILS times in a row gives up (the daemon goes on)."""
+        self.error_streak += 1
+        self.error_count += 1
+        if message is not None:
+            self.note_error(message)
+
+    def succeeded(self) -> None:
+        self.error_streak = 0
+        self.last_error = None
 
     def object_seen(self, key: str | None, size: int, etag: str | None, now: float) -> None:
         """S3 holds the file as this object and nothing of it is pending: the file is the

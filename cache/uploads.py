@@ -10,7 +10,6 @@ a flush learns that a file keeps failing.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import trio
@@ -28,10 +27,6 @@ from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
-
-
-def note_error(cf: CachedFile, message: str) -> None:
-    cf.last_error, cf.last_error_at = message, time.monotonic()
 
 
 class CommitSuperseded(Exception):
@@ -58,7 +53,7 @@ class Uploads:
         counts as one failure of the file (`error_streak`, which fails a waiting flush
         after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
         def on_error(exc: Exception) -> None:
-            note_error(cf, str(exc))
+            cf.note_error(str(exc))
             self.on_progress()
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;
@@ -72,11 +67,9 @@ class Uploads:
             # failure of the file (`forget` counts one where its upload vanished)
             raise
         except Exception:
-            cf.error_streak += 1
-            cf.error_count += 1
+            cf.failed()
             raise
-        cf.error_streak = 0
-        cf.last_error = None
+        cf.succeeded()
         return result
 
     def metadata(self, cf: CachedFile) -> dict[str, str]:
@@ -126,10 +119,8 @@ class Uploads:
         if cf.upload_id != upload_id:
             return
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
-        cf.error_streak += 1
-        cf.error_count += 1
-        note_error(cf, f"its multipart upload {upload_id} vanished from S3 (aborted or "
-                        f"expired behind the mount)")
+        cf.failed(f"its multipart upload {upload_id} vanished from S3 (aborted or expired "
+                  "behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.take_upload()
         self.uploaded_to_dirty(cf)
@@ -154,9 +145,7 @@ class Uploads:
         """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
         log.error("%s of %s failed: %s", what, cf.key, exc,
                   exc_info=not isinstance(exc, ObjectStoreError))
-        cf.error_streak += 1
-        cf.error_count += 1
-        note_error(cf, f"{what}: {exc}")
+        cf.failed(f"{what}: {exc}")
         self.on_progress()
 
     async def upload_chunk(self, cf: CachedFile, idx: int) -> None:
