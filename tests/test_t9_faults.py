@@ -456,13 +456,15 @@ OUR_CODE = str(Path(lakefs_mount.__file__).resolve().parent.parent)  # the check
 
 
 def _before_our_code(stderr: str) -> bool:
-    """A signal in the interpreter's own start-up (CPython's "init_import_site" report)
-    or in the console script pip wrote (its `import re`), before any line of ours ran:
-    nothing of the command was done, and no code of ours could print one line instead."""
+    """A signal in the interpreter's own start-up (CPython's "init_import_site" report, or
+    its "Failed checking if argv[0] is an import path entry", after which it runs the
+    command as if no signal had come) or in the console script pip wrote (its `import
+    re`), before any line of ours ran: no code of ours could print one line instead."""
     frames = [line for line in stderr.splitlines() if line.strip().startswith('File "')]
-    return "init_import_site" in stderr or (
-        stderr.rstrip().endswith("KeyboardInterrupt")
-        and not any(OUR_CODE in frame for frame in frames))
+    ours = any(OUR_CODE in frame for frame in frames)
+    return "init_import_site" in stderr or not ours and (
+        "Failed checking if argv[0] is an import path entry" in stderr
+        or stderr.rstrip().endswith("KeyboardInterrupt"))
 
 
 def _usable_or_remounted(m: Mount, trials: Trials) -> None:
