@@ -66,6 +66,10 @@ class CachedFile:
     upload_id: str | None = None
     upload_key: str | None = None
     upload_checksum: bool = False  # upload_id's Complete needs every part's CRC-32C
+    # A rename kept the open upload at its old key (upload_key): the move of the object
+    # to the file's key waits for this, set once the upload is completed there (and the
+    # file's base is that key) or has left the file uncompleted (nothing to move).
+    upload_moves: trio.Event | None = None
     symlink: str | None = None
     rdev: int = 0  # device number of a character or block device
     chunks: dict[int, Chunk] = field(default_factory=dict)
@@ -124,15 +128,31 @@ class CachedFile:
         """The multipart upload its parts go to from now on (created for `key`)."""
         self.upload_id, self.upload_key, self.upload_checksum = upload_id, key, checksum
 
-    def take_upload(self) -> tuple[str, str] | None:
+    def take_upload(self, completed: bool = False) -> tuple[str, str] | None:
         """Off the file: the open upload's (key, id), once it is completed, aborted, gone,
-        or left behind by a rename; None if there is none."""
+        or left behind by a rename; None if there is none. An upload that leaves
+        uncompleted lets a move waiting for it go (it finds nothing to move); a completed
+        one, only once its object is the file's base (`release_move`)."""
         if self.upload_id is None or self.upload_key is None:
             return None
         taken = self.upload_key, self.upload_id
         self.upload_id = self.upload_key = None
         self.upload_checksum = False
+        if not completed:
+            self.release_move()
         return taken
+
+    def release_move(self) -> None:
+        if self.upload_moves is not None:
+            self.upload_moves.set()
+            self.upload_moves = None
+
+    def commit_key(self) -> str:
+        """Where the next commit puts the object: the file's key, or the old key of an
+        upload a rename kept (its object moves to the file's key afterwards)."""
+        if self.upload_moves is not None and self.upload_key is not None:
+            return self.upload_key
+        return self.key
 
     def note_error(self, message: str) -> None:
         """Why the file's way into S3 failed last (status, and a flush waiting for it)."""

@@ -57,11 +57,12 @@ class FlushProgress:
 
 class KeyGate(Protocol):
     """Changes of names that must reach S3 before a commit of a key (the namespace's
-    write-back log: an unlink's DELETE of the key, a directory's marker above it)."""
+    write-back log: an unlink's DELETE of the key, a directory's marker above it); with
+    `upto`, only those recorded before the change that waits for that event."""
 
-    def busy(self, key: str) -> bool: ...
+    def busy(self, key: str, upto: trio.Event | None = None) -> bool: ...
 
-    async def wait_clear(self, key: str) -> None: ...
+    async def wait_clear(self, key: str, upto: trio.Event | None = None) -> None: ...
 
 
 class Flusher:
@@ -195,18 +196,16 @@ class Flusher:
                   if cf.error_streak and cf.last_error_at >= since]
         return FlushProgress(len(files), bytes_left, errors[0] if errors else None)
 
-    # -- S3 calls with error bookkeeping ---------------------------------------------
-
     # -- commits ----------------------------------------------------------------------
 
     async def _commit_task(self, cf: CachedFile) -> None:
         failed = False
         try:
-            while self.gate is not None and self.gate.busy(cf.key):
-                await self.gate.wait_clear(cf.key)  # (a rename may change the key)
+            while self.gate is not None and self._gate_busy(cf):  # (a rename may change
+                await self.gate.wait_clear(cf.commit_key(), cf.upload_moves)  # the key)
             async with self._commit_slots.hold(cf, cf in self._flushing), cf.commit_lock:
                 while True:
-                    if self.gate is not None and self.gate.busy(cf.key):
+                    if self._gate_busy(cf):
                         break  # a change of its name came first: re-requested below
                     try:
                         await self._commit(cf)
@@ -233,6 +232,12 @@ class Flusher:
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
 
+    def _gate_busy(self, cf: CachedFile) -> bool:
+        """Changes of names must reach S3 before this commit: those touching where it
+        puts the object (for an upload a rename kept, its old key, and only the changes
+        recorded before the move that waits for it)."""
+        return self.gate is not None and self.gate.busy(cf.commit_key(), cf.upload_moves)
+
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
@@ -246,7 +251,13 @@ class Flusher:
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
         meta = self.uploads.metadata(cf)
         nchunks = self.parts.chunk_count(size)
+        if cf.upload_moves is not None and (nchunks <= 1 or cf.symlink is not None):
+            # an upload a rename kept that this commit would not complete: it goes (the
+            # move waiting for it finds nothing), and the commit comes again behind it
+            await self.uploads.abandon(cf)
+            raise CommitSuperseded
         started = time.monotonic()
+        placed = cf.key  # where the object lands: an upload a rename kept, at its old key
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
         attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size
                       and cf.upload_id is None and cf.symlink is None)
@@ -256,12 +267,12 @@ class Flusher:
             size = len(body)  # the object's size, as listings show it (the index checks it)
             crc = crc32c.crc32c(body) if self.checksums.send else None
             etag = await self.uploads.call(cf, f"PutObject {cf.key}", self.store.sync.put,
-                                  cf.key, body, meta, crc)
+                                           cf.key, body, meta, crc)
             self.metrics[m.OBJECTS_PUT] += 1
             committed: list[int] = []
         elif attrs_only and size > 0:
             etag = await self.uploads.call(cf, f"CopyObject {cf.key}", self.store.sync.copy,
-                                  cf.key, cf.key, meta)
+                                           cf.key, cf.key, meta)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
             committed = []
             if cf.committed_crc is not None and cf.committed_crc[0] == cf.base_etag:
@@ -294,8 +305,8 @@ class Flusher:
             results: dict[int, tuple[str, int | None]] = {}
 
             async def one(idx: int) -> None:
-                number, etag, part_crc = await self.uploads.part_for_commit(cf, idx, size, version,
-                                                                     key, upload_id)
+                number, etag, part_crc = await self.uploads.part_for_commit(
+                    cf, idx, size, version, key, upload_id)
                 results[number] = etag, part_crc
 
             try:
@@ -309,23 +320,24 @@ class Flusher:
             listed = ([c for _, (_, c) in sorted(results.items())]  # (all known: see above)
                       if cf.upload_checksum else None)
             etag = await self.uploads.call(cf, f"CompleteMultipartUpload {key}",
-                                  self.store.sync.complete_multipart, key, upload_id, parts,
-                                  listed, crc if cf.upload_checksum else None)
+                                           self.store.sync.complete_multipart, key, upload_id,
+                                           parts, listed, crc if cf.upload_checksum else None)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
-            cf.take_upload()
+            cf.take_upload(completed=True)
+            placed = key
             committed = [i for i in range(nchunks)]
         for i in committed:
             self.cache.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
-        cf.base_key, cf.base_size, cf.base_etag = cf.key, size, str(etag)
+        cf.base_key, cf.base_size, cf.base_etag = placed, size, str(etag)
         cf.committed_crc = None if crc is None else (str(etag), crc)
         cf.s3_meta = meta
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
-                                  cf.key, size, seen_gen, self.cache.clean_note(cf), crc)
+                                  placed, size, seen_gen, self.cache.clean_note(cf), crc)
         # An intent that raced with finish_commit kept (or re-created) the row.
         cf.in_journal = kept or cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
@@ -334,7 +346,10 @@ class Flusher:
             await self.journal(self.journal.sync.drop_file, cf.fid)  # waited for it)
             cf.in_journal = False
         self.metrics[m.FILES_COMMITTED] += 1
-        self.on_committed(cf)
+        if placed == cf.key:
+            self.on_committed(cf)
+        else:  # the move to its key may go now: the file's base is the object it moves
+            cf.release_move()
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
 
     async def _base_vanished(self, cf: CachedFile) -> bool:

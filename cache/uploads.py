@@ -85,7 +85,7 @@ class Uploads:
         async with cf.upload_lock:
             while True:
                 if cf.upload_id is not None and cf.upload_key is not None:
-                    if cf.upload_key == cf.key:
+                    if cf.upload_key == cf.commit_key():  # (a rename may have kept it)
                         return cf.upload_key, cf.upload_id
                     await self.abandon(cf)
                 key = cf.key

@@ -230,7 +230,11 @@ class FileSystem(NameOps):
                           on_progress: Callable[[object], Awaitable[None]] | None = None,
                           path: str | None = None) -> None:
         """Commit `files`, after the namespace changes at or under `path` (all of them
-        for None): a commit of data waits for those before it anyway."""
+        for None): a commit of data waits for those before it anyway. A file whose
+        upload a rename kept commits first: the move of its object waits for it."""
+        for cf in files:
+            if cf.upload_moves is not None:
+                self.flusher.request_commit(cf)
         await self.names.drain(self.ns.prefix + path.strip("/") if path else None)
         await self.flusher.flush(files, on_progress=on_progress)
 

@@ -41,6 +41,10 @@ DIR = "dir"  # PUT a directory marker (arg: its attributes)
 RMDIR = "rmdir"  # DELETE a directory marker (and its attributes)
 DELETE = "delete"  # DELETE an object
 MOVE = "move"  # CopyObject key -> dst, then DELETE key
+# arg of the MOVE of a file whose upload a rename kept at `key` (it completes there first):
+# finding nothing at `key` is expected (the upload left the file uncompleted, or a crash
+# came first and its bytes went again to `dst`)
+KEPT_UPLOAD = "kept-upload"
 QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
 CONCURRENCY = 16
 # Test hook: a move stops for good between its copy and its delete (a kill -9 there
@@ -190,12 +194,19 @@ class NameLog:
             return key
         return base_key
 
-    def busy(self, key: str) -> bool:
-        """A pending change touches `key` or a directory above or below it."""
-        return any(overlap(key, k) for op in self.ops for k in op.keys)
+    def busy(self, key: str, upto: trio.Event | None = None) -> bool:
+        """A pending change touches `key` or a directory above or below it; with `upto`,
+        one recorded before the change that waits for that event (a commit it waits for
+        comes between them)."""
+        for op in self.ops:
+            if upto is not None and op.after is upto:
+                return False
+            if any(overlap(key, k) for k in op.keys):
+                return True
+        return False
 
-    async def wait_clear(self, key: str) -> None:
-        while self.busy(key):
+    async def wait_clear(self, key: str, upto: trio.Event | None = None) -> None:
+        while self.busy(key, upto):
             await self._changed.wait()
 
     async def drain(self, prefix: str | None = None) -> None:
@@ -361,7 +372,11 @@ class NameLog:
                     etag = await self._s3(f"CopyObject {row.key} -> {row.dst}", sync.copy,
                                           row.key, row.dst, None)
                 except NoSuchKey:  # deleted behind the mount's back: nothing to move
-                    log.error("rename %s -> %s: the object is gone from S3", row.key, row.dst)
+                    if row.arg == KEPT_UPLOAD:
+                        log.debug("%s: nothing to move", op.describe())
+                    else:
+                        log.error("rename %s -> %s: the object is gone from S3", row.key,
+                                  row.dst)
                     return
                 await self.journal(self.journal.sync.name_op_copied, row.seq, row.key,
                                    row.dst)

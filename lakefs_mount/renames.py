@@ -14,13 +14,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
-from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat
 from lakefs_mount.fserrors import check_dir_key, check_key, s3_errors
 from lakefs_mount.inode import Inode
-from lakefs_mount.namelog import MOVE, NameLog, dir_arg
+from lakefs_mount.namelog import KEPT_UPLOAD, MOVE, NameLog, dir_arg
 from lakefs_mount.namespace import Namespace
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 def dir_stat(inode: Inode) -> DirStat:
     return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
+
+
+def _streamed(cf: CachedFile) -> bool:
+    """A new file (no object in S3 before) whose upload at its own key holds parts."""
+    return (cf.upload_id is not None and cf.upload_key == cf.key and cf.base_key is None
+            and cf.upload_moves is None and not cf.unlinked
+            and any(ch.state in (ChunkState.UPLOADED, ChunkState.UPLOADING)
+                    for ch in cf.chunks.values()))
 
 
 class Renames:
@@ -45,11 +53,21 @@ class Renames:
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
-            await self.flusher.uploads.abandon(cf)
-            obj = self.names.object_key(cf.key, cf.base_key)
-            if obj is not None:
-                rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
-                await self.names.record(MOVE, obj, new_key, rekey=rekey)
+            rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
+            if _streamed(cf):
+                # Its parts are in S3 already (written, then renamed: safetensors'
+                # .tmpXXXX): the upload stays and completes at the old key, and then the
+                # object moves. Nothing is sent twice; after a crash, what the journal
+                # holds goes again to the new key (recovery aborts the upload).
+                moves = trio.Event()
+                await self.names.record(MOVE, cf.key, new_key, KEPT_UPLOAD, rekey=rekey,
+                                        after=moves)
+                cf.upload_moves = moves
+            else:
+                await self.flusher.uploads.abandon(cf)
+                obj = self.names.object_key(cf.key, cf.base_key)
+                if obj is not None:
+                    await self.names.record(MOVE, obj, new_key, rekey=rekey)
             await self.cache.rekey(cf, new_key, cf.base_key)
         self.ns.move(inode, dst_parent, name)
 

@@ -14,6 +14,7 @@ import stat
 import threading
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from faultproxy import listing
@@ -388,3 +389,104 @@ def test_a_file_of_a_moved_directory_shows_its_stored_attributes_before_the_move
         move.set()
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns) == (
         0o600, 1234, 5678, mtime), m.log_tail()
+
+
+def _parts_sent(fault_proxy, key: str) -> int:
+    """UploadParts the mount sent for `key` so far."""
+    return sum(1 for method, target in fault_proxy.requests_log
+               if method == "PUT" and "partNumber=" in target
+               and unquote(target.split("?")[0]).endswith("/" + key))
+
+
+def _save_streamed(m, fault_proxy, key: str, body: bytes, streamed: int) -> None:
+    """Write `body` to `key` in the mount and close it once `streamed` of its parts are
+    in S3 (the flusher sends full parts while a file is written)."""
+    with open(m.path / key, "wb") as f:
+        f.write(body)
+        f.flush()
+        _wait_until(lambda: _parts_sent(fault_proxy, key) >= streamed,
+                    f"{streamed} parts of {key} streamed")
+
+
+def test_a_file_renamed_after_its_parts_streamed_sends_no_part_twice(
+        mount_factory, s3, fault_proxy):
+    """safetensors writes `.tmpXXXX` and renames it: the parts streamed while it was
+    written went again under the new name (its time to durable was 2.55 x a raw upload).
+    Now the upload completes at the old key and the object moves in S3."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt").mkdir()
+    body = os.urandom(40 * MiB)  # 16 MiB parts: two streamed, the last one at the commit
+    _save_streamed(m, fault_proxy, "ckpt/model.safetensors.tmp1234", body, 2)
+    os.rename(m.path / "ckpt" / "model.safetensors.tmp1234",
+              m.path / "ckpt" / "model.safetensors")
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"ckpt/model.safetensors": body}
+    sent = [t for method, t in fault_proxy.requests_log if method == "PUT" and "partNumber=" in t]
+    assert len(sent) == 3, sent
+    assert " ERROR " not in m.log_tail(1000), m.log_tail()
+    cold = mount_factory(name="cold")
+    assert (cold.path / "ckpt" / "model.safetensors").read_bytes() == body
+
+
+def test_saves_through_one_temporary_name_each_land_once_in_order(
+        mount_factory, s3, fault_proxy):
+    """Every save writes the same temporary name and renames it over the last save
+    before that one is in S3: the first file is gone (its upload is aborted, the move
+    waiting for it finds nothing), the second's commit at the temporary name waits for
+    that move, and the bucket ends with the last save, no part sent twice."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies = [os.urandom(40 * MiB), os.urandom(36 * MiB)]
+    for body in bodies:
+        _save_streamed(m, fault_proxy, "big.tmp", body, 2 * (bodies.index(body) + 1))
+        os.rename(m.path / "big.tmp", m.path / "big")
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"big": bodies[-1]}
+    assert (m.path / "big").read_bytes() == bodies[-1]
+    assert _parts_sent(fault_proxy, "big") == 0  # none sent again under the new name
+
+
+def test_a_kept_upload_survives_kill9_and_a_truncate_by_going_again_to_the_new_name(
+        mount_factory, s3, fault_proxy):
+    """After a crash the upload at the old key is aborted and the journal's bytes go to
+    the new name; a file shrunk below a part after the rename gives its upload up and
+    commits with one PUT behind the move (which then finds nothing to move). Proves D25
+    (crash before the commit)."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--commit-delay", "60", endpoint_url=fault_proxy.endpoint_url)
+    body = os.urandom(40 * MiB)
+    _save_streamed(m, fault_proxy, "a.tmp", body, 2)
+    os.rename(m.path / "a.tmp", m.path / "a")
+    _save_streamed(m, fault_proxy, "b.tmp", body, 2)
+    os.rename(m.path / "b.tmp", m.path / "b")
+    os.truncate(m.path / "b", 1000)
+    m.kill9()
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"a": body, "b": body[:1000]}
+    assert (m.path / "a").read_bytes() == body
+    assert " ERROR " not in m.log_tail(1000), m.log_tail()
+
+
+def test_a_kept_upload_completed_at_the_old_key_moves_after_kill9(
+        mount_factory, s3, fault_proxy):
+    """The commit completed the upload at the old key and the move's CopyObject is held:
+    after kill -9 the journal's move is replayed, and the object ends at the new name
+    only. Proves D25 (crash after the commit)."""
+    fault_proxy.parse_requests = True
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    body = os.urandom(40 * MiB)
+    copy = fault_proxy.delay_requests(
+        lambda method, target: method == "PUT" and target.split("?")[0].endswith("/a"))
+    _save_streamed(m, fault_proxy, "a.tmp", body, 2)
+    os.rename(m.path / "a.tmp", m.path / "a")
+    _wait_until(lambda: s3.head("a.tmp") is not None, "the upload completed at the old key")
+    _wait_until(lambda: fault_proxy.requests_held >= 1, "the move's copy is held")
+    m.kill9()
+    copy.set()
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"a": body}
+    assert (m.path / "a").read_bytes() == body
+    assert _parts_sent(fault_proxy, "a") == 0
