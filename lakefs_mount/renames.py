@@ -30,14 +30,6 @@ def dir_stat(inode: Inode) -> DirStat:
     return DirStat(inode.dir_mode, inode.dir_uid, inode.dir_gid, inode.dir_mtime_ns)
 
 
-def _streamed(cf: CachedFile) -> bool:
-    """A new file (no object in S3 before) whose upload at its own key holds parts."""
-    return (cf.upload_id is not None and cf.upload_key == cf.key and cf.base_key is None
-            and cf.upload_moves is None and not cf.unlinked
-            and any(ch.state in (ChunkState.UPLOADED, ChunkState.UPLOADING)
-                    for ch in cf.chunks.values()))
-
-
 class Renames:
     def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher,
                  names: NameLog) -> None:
@@ -54,7 +46,7 @@ class Renames:
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
             rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
-            if _streamed(cf):
+            if self._mostly_streamed(cf):
                 # Its parts are in S3 already (written, then renamed: safetensors'
                 # .tmpXXXX): the upload stays and completes at the old key, and then the
                 # object moves. Nothing is sent twice; after a crash, what the journal
@@ -70,6 +62,19 @@ class Renames:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey)
             await self.cache.rekey(cf, new_key, cf.base_key)
         self.ns.move(inode, dst_parent, name)
+
+    def _mostly_streamed(self, cf: CachedFile) -> bool:
+        """A new file (no object in S3 before) whose upload at its own key holds, or is
+        receiving, at least half of its bytes: moving the object in S3 afterwards (a
+        server-side copy, a few times faster than sending) costs less than sending those
+        parts again. A file renamed right after its writes (safetensors renames before
+        it even closes) has few parts up yet: they go again, and no copy follows."""
+        if (cf.upload_id is None or cf.upload_key != cf.key or cf.base_key is not None
+                or cf.upload_moves is not None or cf.unlinked or cf.size == 0):
+            return False
+        sent = sum(ch.state in (ChunkState.UPLOADED, ChunkState.UPLOADING)
+                   for ch in cf.chunks.values())
+        return 2 * sent * self.cache.parts.part_size >= cf.size
 
     async def move_dir(self, inode: Inode, dst_parent: Inode, name: str) -> None:
         """The whole tree moves in the journal (the move of its objects, and every pending

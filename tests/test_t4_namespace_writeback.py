@@ -410,9 +410,9 @@ def _save_streamed(m, fault_proxy, key: str, body: bytes, streamed: int) -> None
 
 def test_a_file_renamed_after_its_parts_streamed_sends_no_part_twice(
         mount_factory, s3, fault_proxy):
-    """safetensors writes `.tmpXXXX` and renames it: the parts streamed while it was
-    written went again under the new name (its time to durable was 2.55 x a raw upload).
-    Now the upload completes at the old key and the object moves in S3."""
+    """A file written to a temporary name, then renamed once most of its parts are up:
+    those parts went again under the new name. Now the upload completes at the old key
+    and the object moves in S3 (a server-side copy, cheaper than sending them again)."""
     fault_proxy.parse_requests = True
     m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
     (m.path / "ckpt").mkdir()
