@@ -47,10 +47,10 @@ class Renames:
         async with cf.commit_lock:
             rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
             if self._mostly_streamed(cf):
-                # Its parts are in S3 already (written, then renamed: safetensors'
-                # .tmpXXXX): the upload stays and completes at the old key, and then the
-                # object moves. Nothing is sent twice; after a crash, what the journal
-                # holds goes again to the new key (recovery aborts the upload).
+                # Most of its parts are in S3 already: the upload stays and completes at
+                # the old key, and then the object moves (D25). Nothing is sent twice;
+                # after a crash, what the journal holds goes again to the new key
+                # (recovery aborts the upload).
                 moves = trio.Event()
                 await self.names.record(MOVE, cf.key, new_key, KEPT_UPLOAD, rekey=rekey,
                                         after=moves)
