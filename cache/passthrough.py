@@ -14,12 +14,12 @@ The attributes the kernel asks for come from the cache file meanwhile (`refresh`
 
 The daemon never sees the writes, so it watches (`run`): every WATCH_EVERY seconds it
 stats the cache file of each file being written, and hands the chunks that lie wholly
-behind its end (or its first hole: a file whose size was set first) to the flusher, which
-uploads them while the writer goes on and remembers the CRC-32C of what each part sent.
-When the last writer leaves, the commit keeps a part whose CRC still matches the cache
-file; every other chunk goes up (again). So a sequential writer is durable about as soon
-as its tail is uploaded, and a writer that goes back (random overwrites, a header
-rewritten at the end) still commits exactly what it wrote.
+behind its end to the flusher, which uploads them while the writer goes on and remembers
+the CRC-32C of what each part sent. When the last writer leaves, the commit keeps a part
+whose CRC still matches the cache file; every other chunk goes up (again). So a
+sequential writer is durable about as soon as its tail is uploaded, and a writer that
+goes back (random overwrites, a header rewritten at the end) still commits exactly what
+it wrote.
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ class Passthrough:
         self._note_written(cf, seen)
         if seen == cf.pt_seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
             return  # open, or past S3's largest object (no part of it fits; commits say so)
-        written = self._written_up_to(cf, seen[0])
-        behind = self.cache.parts.chunk_of(written - 1) if written else 0
+        behind = self.cache.parts.chunk_of(seen[0] - 1) if seen[0] else 0
         todo = [i for i in range(behind) if i not in cf.pt_streamed]
         if todo:
             cf.pt_streamed.update(todo)
@@ -190,23 +189,6 @@ class Passthrough:
     def size_now(self, cf: CachedFile) -> int:
         """The length of the cache file the kernel writes, as it is now."""
         return self._stat(cf)[0]
-
-    def _written_up_to(self, cf: CachedFile, size: int) -> int:
-        """Where the bytes written so far end: the file's size, or its first hole. A
-        writer that sets the size first (safetensors' ftruncate) fills the file from
-        the start; the chunks past the hole hold zeros nobody wrote yet, and streaming
-        them sent each part twice (and S3 refused some: changed while being sent)."""
-        assert cf.fid is not None
-        try:
-            fd = os.open(self.cache.cache_path(cf.fid), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return size
-        try:
-            return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
-        except OSError:  # (a filesystem without SEEK_HOLE: the size, as before)
-            return size
-        finally:
-            os.close(fd)
 
     def _stat(self, cf: CachedFile) -> tuple[int, int]:
         assert cf.fid is not None

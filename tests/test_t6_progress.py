@@ -126,7 +126,8 @@ def test_the_first_progress_line_after_s3_came_back_shows_no_old_error(mount_fac
         assert time.monotonic() < deadline, m.status()
         time.sleep(0.2)
     assert m.status()["last_error"]
-    fault_proxy.fail = False
+    fault_proxy.bandwidth_bytes_per_s = 256 * 1024  # the commit takes ~4 s once S3 is
+    fault_proxy.fail = False  # back: the flush finds it under way (not done already)
     proc = m.flush("--json", timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
