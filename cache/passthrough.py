@@ -14,18 +14,19 @@ The attributes the kernel asks for come from the cache file meanwhile (`refresh`
 
 The daemon never sees the writes, so it watches (`run`): every WATCH_EVERY seconds it
 stats the cache file of each file being written, and hands the chunks that lie wholly
-behind its end to the flusher, which uploads them while the writer goes on and remembers
-the CRC-32C of what each part sent. When the last writer leaves, the commit keeps a part
-whose CRC still matches the cache file; every other chunk goes up (again). So a
-sequential writer is durable about as soon as its tail is uploaded, and a writer that
-goes back (random overwrites, a header rewritten at the end) still commits exactly what
-it wrote.
+behind its end (or its first hole: a file whose size was set first) to the flusher, which
+uploads them while the writer goes on and remembers the CRC-32C of what each part sent.
+When the last writer leaves, the commit keeps a part whose CRC still matches the cache
+file; every other chunk goes up (again). So a sequential writer is durable about as soon
+as its tail is uploaded, and a writer that goes back (random overwrites, a header
+rewritten at the end) still commits exactly what it wrote.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 from typing import TYPE_CHECKING
 
 import trio
@@ -46,6 +47,9 @@ class Passthrough:
     def __init__(self, cache: CacheManager) -> None:
         self.cache = cache
         self.writing: set[CachedFile] = set()  # files with passthrough writers
+        # one look at a file at a time: the watcher's hand-over of chunks and `sync`
+        self._looking: weakref.WeakKeyDictionary[CachedFile, trio.Lock] = (
+            weakref.WeakKeyDictionary())
 
     async def run(self) -> None:
         """Stream what passthrough writers have left behind (see the module's docstring)."""
@@ -57,7 +61,18 @@ class Passthrough:
                 except OSError as exc:  # a full disk, a vanished file: the last close syncs
                     log.warning("watching %s: %s", cf.key, exc)
 
+    def _look(self, cf: CachedFile) -> trio.Lock:
+        """Held while the watcher hands chunks of `cf` to the flusher and while `sync`
+        takes the chunk map over: a last close that came in the middle of a hand-over
+        took the chunks still being journalled for unsent, marked them dirty again, and
+        each part went up twice (three times when the two uploads crossed)."""
+        return self._looking.setdefault(cf, trio.Lock())
+
     async def _stream(self, cf: CachedFile) -> None:
+        async with self._look(cf):
+            await self._hand_over(cf)
+
+    async def _hand_over(self, cf: CachedFile) -> None:
         if cf.unlinked or cf.fid is None or cf.pt_writers == 0:
             return
         seen = self._stat(cf)
@@ -67,7 +82,8 @@ class Passthrough:
         self._note_written(cf, seen)
         if seen == cf.pt_seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
             return  # open, or past S3's largest object (no part of it fits; commits say so)
-        behind = self.cache.parts.chunk_of(seen[0] - 1) if seen[0] else 0
+        written = self._written_up_to(cf, seen[0])
+        behind = self.cache.parts.chunk_of(written - 1) if written else 0
         todo = [i for i in range(behind) if i not in cf.pt_streamed]
         if todo:
             cf.pt_streamed.update(todo)
@@ -149,6 +165,10 @@ class Passthrough:
     async def sync(self, cf: CachedFile) -> None:
         """Bring the chunk map in line with the cache file (before a commit, a truncate,
         and when the last passthrough writer leaves)."""
+        async with self._look(cf):
+            await self._take_over(cf)
+
+    async def _take_over(self, cf: CachedFile) -> None:
         if cf.unlinked or cf.fid is None:
             return
         seen = self._stat(cf)
@@ -189,6 +209,23 @@ class Passthrough:
     def size_now(self, cf: CachedFile) -> int:
         """The length of the cache file the kernel writes, as it is now."""
         return self._stat(cf)[0]
+
+    def _written_up_to(self, cf: CachedFile, size: int) -> int:
+        """Where the bytes written so far end: the file's size, or its first hole. A
+        writer that sets the size first (safetensors' ftruncate) fills the file from
+        the start; the chunks past the hole hold zeros nobody wrote yet, and streaming
+        them sent each part twice (and S3 refused some: changed while being sent)."""
+        assert cf.fid is not None
+        try:
+            fd = os.open(self.cache.cache_path(cf.fid), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return size
+        try:
+            return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+        except OSError:  # (a filesystem without SEEK_HOLE: the size, as before)
+            return size
+        finally:
+            os.close(fd)
 
     def _stat(self, cf: CachedFile) -> tuple[int, int]:
         assert cf.fid is not None

@@ -241,9 +241,12 @@ class Writer:
         cf.in_journal = True
         for idx in indices:
             ch = self.book.new_chunk(cf, idx)
-            ch.gen += 1  # an upload of it in flight no longer counts
+            # An upload of it in flight no longer counts: when it ends, the chunk is dirty
+            # again. (Made dirty here, another upload could take it meanwhile, and the
+            # first one's end would mark it dirty under that one: sent a third time.)
+            ch.gen += 1
             ch.direct = False  # in the page cache: read it back buffered
-            if ch.state is not ChunkState.DIRTY:
+            if ch.state not in DIRTY_STATES:
                 self.book.set_state(cf, ch, idx, ChunkState.DIRTY)
         self.book.grow_held(cf, range(count))
         cf.version += 1
@@ -251,12 +254,14 @@ class Writer:
 
     async def stream_written(self, cf: CachedFile, indices: list[int]) -> None:
         """Chunks a passthrough writer has left behind: dirty (journalled first), and to
-        the flusher now, while the writer goes on. Pinned while the journal and the dirty
-        budget are waited for: the last release may meanwhile take the chunks over, upload
-        them and (no passthrough open left) evict them; a chunk freed so, then marked
-        dirty here, would send the hole, not the bytes."""
+        the flusher now, while the writer goes on. The bytes are on the disk already:
+        neither the dirty budget nor disk room is waited for (a passthrough writer is held
+        back at open), and the last close, which waits for this, is not held up by S3.
+        Pinned while the journal is waited for."""
         with self.book.pinned(cf, indices):
-            await self.mark_dirty(cf, indices, None)
+            need = await self._not_dirty_yet(cf, indices)
+            if need:
+                await self._journal_dirty(cf, need)
             for idx in indices:
                 ch = cf.chunks[idx]
                 ch.direct = False  # in the page cache: read it back buffered
@@ -273,17 +278,22 @@ class Writer:
                 with self.book.pinned(cf, [tail]):
                     await self.fetcher.ensure_chunk(cf, tail)
                     await self.mark_dirty(cf, [tail], None)
-        for idx in indices:
-            pending = cf.intent_pending.get(idx)
-            if pending is not None:
-                await pending.wait()
-        need = [i for i in indices
-                if cf.state(i) not in (ChunkState.DIRTY, ChunkState.UPLOADING)]
+        need = await self._not_dirty_yet(cf, indices)
         if not need:
             return
         needed = sum(self.book.chunk_bytes(i) for i in need)
         await self.book.wait_for_dirty_room(needed)
         await self.room.ensure(needed)
+        await self._journal_dirty(cf, need)
+
+    async def _not_dirty_yet(self, cf: CachedFile, indices: list[int]) -> list[int]:
+        for idx in indices:
+            pending = cf.intent_pending.get(idx)
+            if pending is not None:
+                await pending.wait()
+        return [i for i in indices if cf.state(i) not in DIRTY_STATES]
+
+    async def _journal_dirty(self, cf: CachedFile, need: list[int]) -> None:
         await self._ensure_journalled(cf)
         done = trio.Event()
         for idx in need:

@@ -74,7 +74,27 @@ def test_parts_go_up_while_the_writer_still_writes_and_only_once(pt, s3):
         f.write(data[40 * MiB:])
     flushed(pt)
     assert body(s3, "stream.bin") == data
-    assert pt.counters()["parts_uploaded"] == 6  # kept the streamed ones: CRC unchanged
+    assert pt.counters()["parts_uploaded"] == 6  # each part once
+
+
+def test_a_file_whose_size_was_set_first_streams_only_what_was_written(pt, s3):
+    """safetensors sets the size first (ftruncate) and fills the file from the start:
+    the watcher took every chunk behind the size for written, streamed zeros, and sent
+    each part again at the commit (some S3 refused: changed while being sent). Now only
+    the chunks before the first hole go up while it writes."""
+    data = random.randbytes(44 * MiB)  # 6 parts of 8 MiB, the last one short
+    with open(pt.path / "preset.bin", "wb") as f:
+        os.ftruncate(f.fileno(), len(data))
+        time.sleep(0.5)  # the watcher sees the size: nothing of it is written
+        f.write(data[:20 * MiB])
+        f.flush()
+        assert wait_for(lambda: pt.counters().get("parts_uploaded", 0) >= 2, 30)
+        time.sleep(0.5)
+        assert pt.counters().get("parts_uploaded", 0) == 2  # not the zeros past 20 MiB
+        f.write(data[20 * MiB:])
+    flushed(pt)
+    assert body(s3, "preset.bin") == data
+    assert pt.counters()["parts_uploaded"] == 6  # each part once
 
 
 def test_a_streamed_part_the_writer_changes_again_is_sent_again(pt, s3):
