@@ -149,7 +149,10 @@ class Flusher:
 
     async def flush(self, files: list[CachedFile], report: object = None,
                     on_progress: object = None) -> None:
-        """Return once every file has committed the version it had at the call."""
+        """Return once every file has committed the version it had at the call (with
+        what a passthrough writer's last close, under way, brings)."""
+        for cf in files:
+            await self.cache.passthrough.left(cf)
         targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
         errors_before = {cf: cf.error_count for cf, _ in targets}
         started = time.monotonic()
@@ -241,6 +244,7 @@ class Flusher:
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
+        await self.cache.passthrough.left(cf)
         written = self.cache.passthrough.size_now(cf) if cf.pt_writers else cf.size
         if written > MAX_OBJECT_SIZE:  # grown there by a passthrough writer: the daemon
             # saw no write to refuse with EFBIG. Kept, and flush says why it cannot finish.

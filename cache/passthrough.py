@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
+# tests: seconds a last close's take-over of the chunk map waits before it starts
+SLOW_TAKE_OVER = float(os.environ.get("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "0"))
 
 
 class Passthrough:
@@ -168,7 +170,18 @@ class Passthrough:
         async with self._look(cf):
             await self._take_over(cf)
 
+    async def left(self, cf: CachedFile) -> None:
+        """Once the last writer has left, return only when its take-over of the chunk
+        map is done (before a commit or a truncate). The kernel answers close() before
+        the daemon hears of it, so a flush could commit the file in between, with the
+        size and chunks from before the writes (a small file went up empty), and return."""
+        if cf.pt_writers == 0 and (look := self._looking.get(cf)) is not None and look.locked():
+            async with look:
+                pass
+
     async def _take_over(self, cf: CachedFile) -> None:
+        if SLOW_TAKE_OVER and cf.pt_writers == 0:
+            await trio.sleep(SLOW_TAKE_OVER)
         if cf.unlinked or cf.fid is None:
             return
         seen = self._stat(cf)

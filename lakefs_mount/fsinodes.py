@@ -148,6 +148,7 @@ class InodeOps:
             raise FSError(errno.EINVAL)
         if size is not None and size > MAX_OBJECT_SIZE:
             raise FSError(errno.EFBIG, _TOO_BIG)
+        await self.cache.passthrough.left(cf)
         if cf.pt_writers:  # the chunk map first learns what the kernel wrote
             await self.cache.passthrough.sync(cf)
         if size is not None:

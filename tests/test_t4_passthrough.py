@@ -97,6 +97,28 @@ def test_a_file_whose_size_was_set_first_streams_only_what_was_written(pt, s3):
     assert pt.counters()["parts_uploaded"] == 6  # each part once
 
 
+def test_a_flush_right_after_close_waits_for_what_the_daemon_learns_at_the_close(
+        mount_factory, s3, monkeypatch):
+    """The kernel answers close() before the daemon hears of it, and the daemon learns
+    what a passthrough writer wrote only then. DCP writes `.metadata.tmp`, fsyncs, closes,
+    renames it and returns; a flush at once committed the file as the daemon knew it
+    before the writes (an empty object) and returned 0: a cold load failed with EOFError.
+    Here that take-over is slowed, so the flush comes in the middle of it."""
+    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
+    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    small, large = random.randbytes(70_000), random.randbytes(20 * MiB)
+    for name, data in (("ckpt/.metadata", small), ("ckpt/shard.distcp", large)):
+        (m.path / "ckpt").mkdir(exist_ok=True)
+        with open(m.path / f"{name}.tmp", "wb") as f:
+            f.write(data)
+            os.fsync(f.fileno())
+        os.rename(m.path / f"{name}.tmp", m.path / name)
+        flushed(m)
+        assert body(s3, name) == data
+    assert m.counters()["passthrough_opens"] == 2
+
+
 def test_a_streamed_part_the_writer_changes_again_is_sent_again(pt, s3):
     data = bytearray(random.randbytes(30 * MiB))
     with open(pt.path / "header.bin", "wb") as f:
