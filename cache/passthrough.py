@@ -84,7 +84,9 @@ class Passthrough:
         self._note_written(cf, seen)
         if seen == cf.pt_seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
             return  # open, or past S3's largest object (no part of it fits; commits say so)
-        written = self._written_up_to(cf, seen[0])
+        assert cf.fid is not None  # (a thread: SEEK_HOLE waits for a write() under way)
+        written = await trio.to_thread.run_sync(
+            _written_up_to, self.cache.cache_path(cf.fid), seen[0], abandon_on_cancel=True)
         behind = self.cache.parts.chunk_of(written - 1) if written else 0
         todo = [i for i in range(behind) if i not in cf.pt_streamed]
         if todo:
@@ -223,24 +225,27 @@ class Passthrough:
         """The length of the cache file the kernel writes, as it is now."""
         return self._stat(cf)[0]
 
-    def _written_up_to(self, cf: CachedFile, size: int) -> int:
-        """Where the bytes written so far end: the file's size, or its first hole. A
-        writer that sets the size first (safetensors' ftruncate) fills the file from
-        the start; the chunks past the hole hold zeros nobody wrote yet, and streaming
-        them sent each part twice (and S3 refused some: changed while being sent)."""
-        assert cf.fid is not None
-        try:
-            fd = os.open(self.cache.cache_path(cf.fid), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return size
-        try:
-            return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
-        except OSError:  # (a filesystem without SEEK_HOLE: the size, as before)
-            return size
-        finally:
-            os.close(fd)
-
     def _stat(self, cf: CachedFile) -> tuple[int, int]:
         assert cf.fid is not None
         st = os.stat(self.cache.cache_path(cf.fid))
         return st.st_size, st.st_mtime_ns
+
+
+def _written_up_to(path: os.PathLike[str], size: int) -> int:
+    """Where the bytes written so far end: the file's size, or its first hole. A writer
+    that sets the size first (safetensors' ftruncate) fills the file from the start; the
+    chunks past the hole hold zeros nobody wrote yet, and streaming them sent each part
+    twice (and S3 refused some: changed while being sent). ext4 answers SEEK_HOLE
+    under the inode lock that a write() holds throughout, so blocks reserved for a write
+    still copying never count; XFS looks at the page cache there (at most the folio
+    being copied, and a chunk goes only with a written byte after it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return size
+    try:
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # (a filesystem without SEEK_HOLE: the size, as before)
+        return size
+    finally:
+        os.close(fd)
