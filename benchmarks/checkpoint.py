@@ -254,9 +254,12 @@ class Bench:
     def open_phase(self, tag: str, r: int) -> None:
         """A fresh bucket and fresh mounts of it (SeaweedFS frees space per bucket)."""
         self.bucket = create_warm_bucket(self.client, f"ckpt-{tag}-{r}-{uuid.uuid4().hex[:6]}")
-        for target in self.mounts.values():
+        for session, target in self.mounts.items():
             target.bucket = self.bucket
+            target.prefix = f"{session}/"
         self.peers = {name: self.make_peer(name) for name in self.peer_bins}
+        for name, target in self.peers.items():
+            target.prefix = f"{name}/"  # (JuiceFS: its volume has its own layout)
         for target in self.targets().values():
             target.start()
         self.log(f"bucket {self.bucket} mounted")

@@ -165,6 +165,7 @@ class Target:
         self.root = root
         self.endpoint = endpoint
         self.bucket = bucket
+        self.prefix = ""  # where in the bucket the mount's root is ("" or "name/")
         self.path = root / "mnt"
         self.cache_dir = root / "cache"
         self.pid: int | None = None
@@ -219,7 +220,7 @@ class LakefsTarget(Target):
         self.log_file = root / "daemon.log"
 
     def start(self) -> None:
-        _run([CLI, "mount", f"s3://{self.bucket}", str(self.path),
+        _run([CLI, "mount", f"s3://{self.bucket}/{self.prefix}", str(self.path),
               "--endpoint-url", self.endpoint, "--cache-dir", str(self.cache_dir),
               "--log-file", str(self.log_file), "--io-engine", self.engine,
               "--fuse-session", self.session, *self.options], timeout=180)
@@ -380,7 +381,7 @@ class RcloneTarget(Target):
         self.rc_port = free_port()
 
     def start(self) -> None:
-        _run([self.binary, "mount", f":s3:{self.bucket}", str(self.path),
+        _run([self.binary, "mount", f":s3:{self.bucket}/{self.prefix}", str(self.path),
               "--s3-provider", "Other", "--s3-endpoint", self.endpoint,
               "--s3-access-key-id", ACCESS_KEY, "--s3-secret-access-key", SECRET_KEY,
               "--s3-region", "us-east-1", "--s3-force-path-style",
@@ -428,8 +429,9 @@ class RcloneTarget(Target):
             if not disk.get("uploadsInProgress") and not disk.get("uploadsQueued"):
                 have = {}
                 for page in client.get_paginator("list_objects_v2").paginate(
-                        Bucket=self.bucket):
-                    have.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+                        Bucket=self.bucket, Prefix=self.prefix):
+                    have.update({o["Key"][len(self.prefix):]: o["Size"]
+                                 for o in page.get("Contents", [])})
                 if all(have.get(k) == v for k, v in want.items()):
                     return
             time.sleep(0.1)
