@@ -23,7 +23,7 @@ from memstore import MemoryObjectStore
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
-from lakefs_mount.cache.cachefile import CachedFile, ChunkState
+from lakefs_mount.cache.cachefile import DIRTY_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.manager import CacheManager
@@ -674,12 +674,12 @@ class HeldStore(MemoryObjectStore):
         return super().upload_part(key, *args, **kwargs)
 
 
-def test_chunks_a_passthrough_writer_left_stay_until_their_intent_is_journalled(tmp_path):
-    """The watcher of a passthrough writer marks the chunks behind its frontier dirty and
-    may wait for the dirty budget; meanwhile the writer's last release can take them over,
-    upload them and, with no passthrough open left, let eviction free them. They are
-    pinned while the watcher waits: an evicted chunk made the daemon die of a KeyError
-    (and one marked dirty again would have sent the punched hole)."""
+def test_chunks_a_passthrough_writer_left_go_to_the_flusher_without_waiting_for_room(tmp_path):
+    """The watcher hands the chunks behind a passthrough writer's frontier to the flusher.
+    Their bytes are on the disk already, and the writer's last close waits for that
+    hand-over: it must not wait for the dirty budget (that is, for S3) even when the
+    budget is full. Before, it waited, and a last close arriving meanwhile took the
+    chunks over as unsent: each part went up twice."""
     async def body() -> None:
         async with core(tmp_path, HeldStore(), max_dirty=3 * PART) as c:
             store = c.store
@@ -695,22 +695,17 @@ def test_chunks_a_passthrough_writer_left_stay_until_their_intent_is_journalled(
                 os.close(fd)
             cf.pt_opens = cf.pt_writers = 1
             waits = c.cache.metrics[m.WRITER_WAITS]
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(c.cache.stream_written, cf, [0, 1, 2])
-                with trio.fail_after(10):
-                    while c.cache.metrics[m.WRITER_WAITS] == waits:  # waits for the budget
-                        await trio.sleep(0.01)
-                cf.pt_opens = cf.pt_writers = 0  # the last release takes over and commits
-                await c.cache.take_over_written(cf, len(data))
-                c.flusher.request_commit(cf)
-                await c.flusher.flush([cf])
-                assert c.store.objects["pt"].body == data
-                await c.cache.evict_bytes(16 * PART)
-                store.release.set()  # the budget drains; the watcher goes on
-            await c.close_and_flush(held)
+            with trio.fail_after(10):  # S3 holds every upload: nothing drains meanwhile
+                await c.cache.stream_written(cf, [0, 1, 2])
+            assert c.cache.metrics[m.WRITER_WAITS] == waits
+            assert all(cf.chunks[i].state in DIRTY_STATES for i in range(3))
+            cf.pt_opens = cf.pt_writers = 0  # the last release takes over and commits
+            await c.cache.take_over_written(cf, len(data), frozenset({0, 1, 2}))
+            store.release.set()
             c.flusher.request_commit(cf)
             await c.flusher.flush([cf])
             assert c.store.objects["pt"].body == data
+            await c.close_and_flush(held)
     run(body)
 
 
