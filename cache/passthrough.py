@@ -149,7 +149,10 @@ class Passthrough:
         """A passthrough open was released; the last writer's changes become dirty chunks.
         The open still counts until they have: an open arriving meanwhile joins passthrough
         and reads the cache file, where the chunk map does not yet hold what was written
-        (it would have fetched the committed object's old bytes)."""
+        (it would have fetched the committed object's old bytes). The take-over runs to
+        its end even when the session ends meanwhile (a umount right after the close
+        cancels the requests under way): cut, it left the chunk map from before the
+        writes, and the exit flush committed that (a file short of its tail in S3)."""
         if not writable:
             cf.pt_opens -= 1
             return
@@ -159,7 +162,8 @@ class Passthrough:
                 cf.pt_recorded = None
                 self.writing.discard(cf)
                 try:
-                    await self.sync(cf)
+                    with trio.CancelScope(shield=True):
+                        await self.sync(cf)
                 finally:
                     cf.pt_streamed.clear()
                     cf.pt_watched = None

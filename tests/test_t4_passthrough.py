@@ -119,6 +119,26 @@ def test_a_flush_right_after_close_waits_for_what_the_daemon_learns_at_the_close
     assert m.counters()["passthrough_opens"] == 2
 
 
+def test_a_umount_right_after_close_commits_what_was_written(mount_factory, s3,
+                                                             monkeypatch):
+    """A umount right after the close ends the session while the daemon is still taking
+    the last writer's release over; the requests under way are cancelled at the session's
+    end. The take-over was cut with them, and the exit flush committed the file as the
+    daemon knew it before (CI: 34 of 40 MiB in S3 after `umount`). It runs to its end
+    now; here it is slowed, so the umount always comes in the middle of it."""
+    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
+    m = mount_factory("--part-size", "8M")
+    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    pid = m.status()["pid"]
+    data = random.randbytes(20 * MiB + 123)
+    (m.path / "model.bin").write_bytes(data)
+    proc = subprocess.run(["umount", str(m.path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 120), m.log_tail()
+    m.pid = None
+    assert body(s3, "model.bin") == data
+
+
 def test_a_streamed_part_the_writer_changes_again_is_sent_again(pt, s3):
     data = bytearray(random.randbytes(30 * MiB))
     with open(pt.path / "header.bin", "wb") as f:
