@@ -2,8 +2,10 @@
 
 The cache hands over full chunks to upload while writing goes on (`chunk_full`), asks for
 every full chunk at once when it runs out of room (`pressure`), and asks whether uploads
-under way will free any (`busy`). The cache makes it; the flusher keeps its queues here and
-wakes on `wake`. Neither side is patched into the other after construction.
+under way will free any (`busy`). A temporary file (`hold`) keeps its full chunks back
+until it has its final name or is closed (`release`), or for at most the hold. The cache
+makes it; the flusher keeps its queues here and wakes on `wake`. Neither side is patched
+into the other after construction.
 """
 
 from __future__ import annotations
@@ -25,19 +27,44 @@ class UploadDemand:
         self.commit_wanted: dict[CachedFile, float] = {}  # file -> when its commit is due
         self.in_flight = 0  # part uploads under way
         self.wake = trio.Event()
+        self._held: dict[CachedFile, float] = {}  # temporary file -> end of its hold
 
     def chunk_full(self, cf: CachedFile, idx: int) -> None:
-        """A full chunk of a file still being written: upload it now."""
+        """A full chunk of a file still being written: upload it now (a temporary's once
+        its hold is over)."""
+        until = self._held.get(cf)
+        if until is not None:
+            if trio.current_time() < until:
+                return
+            self.release(cf)  # held long enough: written like any file from now on
         self.parts.add((cf, idx))
         self.wake.set()
+
+    def hold(self, cf: CachedFile, seconds: float) -> None:
+        """`cf` is a temporary (created as mkstemp creates one): safetensors and tempfile
+        users rename it as soon as it is written, and every part sent under its first
+        name goes again under the final one, or the whole object is copied (D25)
+        (benchmarks/README.md: safetensors' time to durable). Its full chunks wait for
+        the rename or the close, for at most `seconds`: S3 loses no more time than the
+        parts sent again would have cost."""
+        self._held[cf] = trio.current_time() + seconds
+
+    def release(self, cf: CachedFile) -> None:
+        """`cf` has its final name, or no writer: its full dirty chunks go up now."""
+        if self._held.pop(cf, None) is not None:
+            self._queue_full(cf)
+            self.wake.set()
 
     def pressure(self) -> None:
         """The cache is short of room: every full dirty chunk goes up now."""
         for cf in list(self._files.values()):
-            for idx, ch in cf.chunks.items():
-                if ch.state is ChunkState.DIRTY and self._chunks.chunk_range(idx)[1] <= cf.size:
-                    self.parts.add((cf, idx))
+            self._queue_full(cf)
         self.wake.set()
+
+    def _queue_full(self, cf: CachedFile) -> None:
+        for idx, ch in cf.chunks.items():
+            if ch.state is ChunkState.DIRTY and self._chunks.chunk_range(idx)[1] <= cf.size:
+                self.parts.add((cf, idx))
 
     def busy(self) -> bool:
         """True while uploads or commits are under way or queued: data will drain."""

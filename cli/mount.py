@@ -67,6 +67,10 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--commit-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
               metavar="SECONDS", help="How long a closed file waits before it is committed, "
               "so that a rename right after writing costs no copy (flush does not wait).")
+@click.option("--hold-temporaries", type=click.FloatRange(min=0), default=5.0,
+              show_default=True, metavar="SECONDS", help="How long a file created as mkstemp "
+              "creates one (O_EXCL, mode 0600) keeps its parts back until it is renamed or "
+              "closed, so that none goes twice (0: never).")
 @click.option("--read-ahead", type=click.IntRange(0, 256), default=4, show_default=True,
               metavar="CHUNKS", help="Chunks prefetched ahead of sequential readers.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -162,7 +166,7 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         read_only=opts["read_only"], fsync_mode=opts["fsync_mode"],
         io_engine=opts["io_engine"], fuse_session=opts["fuse_session"],
         metadata_ttl=opts["metadata_ttl"],
-        commit_delay=opts["commit_delay"],
+        commit_delay=opts["commit_delay"], hold_temporaries=opts["hold_temporaries"],
         read_ahead=opts["read_ahead"], log_level=opts["log_level"].upper(),
         log_file=log_file, log_format=opts["log_format"],
         embedded_dir=abs_path(opts["embedded_dir"]) if opts["embedded_dir"] else None,

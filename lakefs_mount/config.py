@@ -67,6 +67,7 @@ class MountConfig:
     fuse_session: str = "auto"  # "auto" | "native" | "pyfuse3"
     metadata_ttl: float = 5.0
     commit_delay: float = 1.0  # seconds a closed file waits before its commit starts
+    hold_temporaries: float = 5.0  # seconds a temporary's parts wait for its final name
     read_ahead: int = 4  # chunks
     log_level: str = "INFO"
     log_file: Path | None = None

@@ -137,7 +137,8 @@ class Daemon:
                                                   self.flusher.checksums)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
                                  read_only=config.read_only,
-                                 fsync_remote=config.fsync_mode == "remote")
+                                 fsync_remote=config.fsync_mode == "remote",
+                                 hold_temporaries=config.hold_temporaries)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.cache.run)
                 await nursery.start(self.flusher.run)

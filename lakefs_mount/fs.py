@@ -113,6 +113,8 @@ class FileSystem(NameOps):
                         mode=stat.S_IFREG | (mode & 0o7777), uid=uid, gid=gid,
                         mtime_ns=time.time_ns())
         await self.cache.new_file(cf)
+        if self.hold_temporaries and flags & os.O_EXCL and mode & 0o777 == 0o600:
+            self.cache.demand.hold(cf, self.hold_temporaries)  # (mkstemp's way)
         inode = self.ns.add(parent, name, Kind.FILE, file=cf)
         inode.lookups += 1
         parent.dir_mtime_ns = cf.mtime_ns
@@ -167,6 +169,7 @@ class FileSystem(NameOps):
         if handle.writable:
             cf.writers -= 1
             if cf.writers == 0:
+                self.cache.demand.release(cf)
                 self.flusher.request_commit(cf, settle=True)
         if cf.openers == 0 and cf.unlinked:
             if cf.in_journal:  # written after the unlink: nothing of it may be recovered

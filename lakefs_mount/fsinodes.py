@@ -56,7 +56,8 @@ class Handle:
 
 class InodeOps:
     def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, names: NameLog,
-                 *, read_only: bool = False, fsync_remote: bool = False) -> None:
+                 *, read_only: bool = False, fsync_remote: bool = False,
+                 hold_temporaries: float = 0.0) -> None:
         self.ns = ns
         self.names = names
         self.cache = cache
@@ -64,6 +65,7 @@ class InodeOps:
         self.store = cache.store
         self.read_only = read_only
         self.fsync_remote = fsync_remote
+        self.hold_temporaries = hold_temporaries  # seconds (UploadDemand.hold)
         self._handles: dict[int, Handle] = {}
         self._dir_handles: dict[int, list[tuple[str, int]]] = {}
         self._next_fh = 1

@@ -62,6 +62,7 @@ class Renames:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey)
             await self.cache.rekey(cf, new_key, cf.base_key)
         self.ns.move(inode, dst_parent, name)
+        self.cache.demand.release(cf)  # a temporary has its final name
 
     def _mostly_streamed(self, cf: CachedFile) -> bool:
         """A new file (no object in S3 before) whose upload at its own key holds, or is

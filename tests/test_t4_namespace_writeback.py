@@ -429,6 +429,69 @@ def test_a_file_renamed_after_its_parts_streamed_sends_no_part_twice(
     assert (cold.path / "ckpt" / "model.safetensors").read_bytes() == body
 
 
+def _requests_for(fault_proxy, key: str) -> list[tuple[str, str]]:
+    return [(method, target) for method, target in fault_proxy.requests_log
+            if unquote(target.split("?")[0]).endswith("/" + key)]
+
+
+def _mkstemp(path: Path) -> int:
+    """Create `path` as tempfile.mkstemp and safetensors (Rust's tempfile) do."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+@pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
+def test_a_temporary_keeps_its_parts_back_until_it_has_its_final_name(
+        mount_factory, s3, fault_proxy):
+    """safetensors writes its file under a temporary name made by mkstemp and renames it
+    right after the last write, before it even closes: the parts streamed under the
+    temporary name went again under the final one, or the whole object was copied in S3.
+    A temporary's full parts now wait for its final name, and go up at the rename, while
+    the writer still writes."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    body = os.urandom(36 * MiB)  # 5 parts of 8 MiB, the last one short
+    fd = _mkstemp(m.path / ".tmpAb12Cd")
+    try:
+        os.write(fd, body[:32 * MiB])
+        time.sleep(1.5)  # (the passthrough watcher looks every 0.1 s)
+        assert _requests_for(fault_proxy, ".tmpAb12Cd") == []
+        os.rename(m.path / ".tmpAb12Cd", m.path / "model.safetensors")
+        _wait_until(lambda: _parts_sent(fault_proxy, "model.safetensors") >= 3,
+                    "the full parts streamed once the file has its final name")
+        os.write(fd, body[32 * MiB:])
+    finally:
+        os.close(fd)
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"model.safetensors": body}
+    assert _requests_for(fault_proxy, ".tmpAb12Cd") == []  # no upload there, no copy
+    assert _parts_sent(fault_proxy, "model.safetensors") == 5
+
+
+def test_a_temporary_that_is_not_renamed_streams_once_its_hold_is_over(
+        mount_factory, s3, fault_proxy):
+    """The hold is bounded: a file made by mkstemp that keeps its name (a scratch file, a
+    save into a kept temporary) is written like any other once `--hold-temporaries` is
+    over, while its writer still writes."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--part-size", "8M", "--hold-temporaries", "1",
+                      endpoint_url=fault_proxy.endpoint_url)
+    body = os.urandom(28 * MiB)
+    fd = _mkstemp(m.path / "tmpk3pt")
+    try:
+        os.write(fd, body[:16 * MiB])
+        time.sleep(1.5)
+        assert _parts_sent(fault_proxy, "tmpk3pt") == 0  # (held for 1 s)
+        os.write(fd, body[16 * MiB:24 * MiB])  # the next full chunk: the hold is over
+        _wait_until(lambda: _parts_sent(fault_proxy, "tmpk3pt") >= 2,
+                    "a temporary past its hold streams while it is written")
+        os.write(fd, body[24 * MiB:])
+    finally:
+        os.close(fd)
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"tmpk3pt": body}
+    assert _parts_sent(fault_proxy, "tmpk3pt") == 4
+
+
 def test_saves_through_one_temporary_name_each_land_once_in_order(
         mount_factory, s3, fault_proxy):
     """Every save writes the same temporary name and renames it over the last save
