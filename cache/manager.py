@@ -173,12 +173,13 @@ class CacheManager:
         if cf.fid is not None:
             await self.journal(self.journal.sync.rekey_cached, cf.fid, key)
 
-    async def discard(self, cf: CachedFile) -> None:
+    async def discard(self, cf: CachedFile, row_dropped: bool = False) -> None:
         """The file was unlinked: forget what it still had to upload; abort its upload
-        in the background (an unlink must not wait for S3)."""
+        in the background (an unlink must not wait for S3). `row_dropped`: the caller's
+        own transaction (its DELETE's) has dropped the file's journal row."""
         self.detach_upload(cf)
         self.book.release_dirty(cf)
-        if cf.in_journal and cf.fid is not None:
+        if cf.in_journal and cf.fid is not None and not row_dropped:
             await self.journal(self.journal.sync.drop_file, cf.fid)
         cf.in_journal = False
         cf.unlinked = True

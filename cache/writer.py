@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import trio
 
@@ -127,6 +128,7 @@ class Writer:
             cf.size = end
             self.book.grow_held(cf, touched)
         cf.version += 1
+        cf.mtime_ns = time.time_ns()
         first = touched[0]
         if first > 0:
             prev = cf.chunks.get(first - 1)
@@ -218,6 +220,7 @@ class Writer:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
         cf.size = size
+        cf.mtime_ns = time.time_ns()
         if size > old:
             self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)

@@ -60,7 +60,6 @@ class FileSystem(NameOps):
             if cf.pt_writers:
                 await self.cache.passthrough.sync(cf)
             await self.cache.truncate(cf, 0)
-            cf.mtime_ns = time.time_ns()
         return fh
 
     async def passthrough(self, fh: int) -> int | None:
@@ -145,9 +144,7 @@ class FileSystem(NameOps):
                 raise FSError(errno.EFBIG, _TOO_BIG)
             data = memoryview(data)[:MAX_OBJECT_SIZE - offset]
         async with s3_errors(f"writing {cf.key}"):
-            written = await self.cache.write(cf, offset, data)
-        cf.mtime_ns = time.time_ns()
-        return written
+            return await self.cache.write(cf, offset, data)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         cf = self._handle(fh).inode.file

@@ -116,6 +116,7 @@ class NameOps(InodeOps):
         else:
             async with cf.commit_lock:
                 obj = self.names.object_key(cf.key, cf.base_key)
+                dropped = False
                 if obj is not None:
                     kept = None
                     if cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
@@ -124,8 +125,8 @@ class NameOps(InodeOps):
                     # the DELETE and the end of the file's pending state, in one transaction
                     await self.names.record(DELETE, obj, after=kept,
                                             drop_fid=cf.fid if cf.in_journal else None)
-                    cf.in_journal = False
-                await self.cache.discard(cf)
+                    dropped = True
+                await self.cache.discard(cf, row_dropped=dropped)
         self.ns.detach(inode)
         self.ns.index_changed(self.ns.key_of(parent))
         parent.dir_mtime_ns = time.time_ns()
@@ -142,8 +143,7 @@ class NameOps(InodeOps):
         for i, key in enumerate(keys):
             await self.names.record(DELETE, key, after=cf.commit_lock,
                                     drop_fid=cf.fid if cf.in_journal and i == 0 else None)
-        cf.in_journal = False
-        await self.cache.discard(cf)
+        await self.cache.discard(cf, row_dropped=True)
 
     async def _keep_bytes(self, cf: CachedFile, kept: trio.Event) -> None:
         """An open file lost its name: its bytes come to the cache in the background
