@@ -114,6 +114,7 @@ class FileSystem(NameOps):
         await self.cache.new_file(cf)
         if self.hold_temporaries and flags & os.O_EXCL and mode & 0o777 == 0o600:
             self.cache.demand.hold(cf, self.hold_temporaries)  # (mkstemp's way)
+            self.cache.metrics[m.TEMPORARIES_HELD] += 1
         inode = self.ns.add(parent, name, Kind.FILE, file=cf)
         inode.lookups += 1
         parent.dir_mtime_ns = cf.mtime_ns

@@ -31,6 +31,7 @@ PAGE_CACHE_FILLS = "page_cache_fills"
 PASSTHROUGH_OPENS = "passthrough_opens"
 READ_REQUESTS = "read_requests"
 WRITE_REQUESTS = "write_requests"
+TEMPORARIES_HELD = "temporaries_held"
 
 # Every counter with what it counts: the help text of its Prometheus counter.
 COUNTERS: dict[str, str] = {
@@ -59,6 +60,7 @@ COUNTERS: dict[str, str] = {
     PASSTHROUGH_OPENS: "Opens the kernel serves from the cache file itself.",
     READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
+    TEMPORARIES_HELD: "Files made as mkstemp makes one, whose parts waited for their final name.",
 }
 
 # Keys of the `status` dict exported as Prometheus gauges: status key -> (name, help).

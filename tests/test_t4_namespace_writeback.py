@@ -465,6 +465,7 @@ def test_a_temporary_keeps_its_parts_back_until_it_has_its_final_name(
     assert bucket_tree(s3) == {"model.safetensors": body}
     assert _requests_for(fault_proxy, ".tmpAb12Cd") == []  # no upload there, no copy
     assert _parts_sent(fault_proxy, "model.safetensors") == 5
+    assert m.counters()["temporaries_held"] == 1
 
 
 def test_a_temporary_that_is_not_renamed_streams_once_its_hold_is_over(
@@ -490,6 +491,7 @@ def test_a_temporary_that_is_not_renamed_streams_once_its_hold_is_over(
     assert m.flush().returncode == 0, m.log_tail()
     assert bucket_tree(s3) == {"tmpk3pt": body}
     assert _parts_sent(fault_proxy, "tmpk3pt") == 4
+    assert m.counters()["temporaries_held"] == 1
 
 
 def test_saves_through_one_temporary_name_each_land_once_in_order(
