@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
@@ -62,6 +65,7 @@ def _start(state_dir: Path, **kwargs: str) -> EmbeddedS3:
 def s3_server(tmp_path_factory: pytest.TempPathFactory,
               _isolated_aws_env: None) -> Iterator[EmbeddedS3]:
     server = _start(tmp_path_factory.mktemp("seaweedfs"))
+    _servers.append(server)
     try:
         yield server
     finally:
@@ -170,6 +174,22 @@ def reliability(request: pytest.FixtureRequest) -> Callable[[Row], None]:
         _recorded.append(stamp(row))
 
     return record
+
+
+_servers: list[EmbeddedS3] = []  # the session's SeaweedFS, for the failure summary
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
+    """On failure, say what the disk and SeaweedFS looked like: a full disk makes every
+    later PUT an InternalError, which reads like a defect of the mount."""
+    if exitstatus == 0:
+        return
+    base = Path(tempfile.gettempdir())
+    free = shutil.disk_usage(base).free / 2**30
+    terminalreporter.write_line(f"free disk under {base}: {free:.1f} GiB")
+    for server in _servers:
+        terminalreporter.write_line(f"SeaweedFS log {server.log_path}, last lines:")
+        terminalreporter.write_line(server.log_tail(15))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
