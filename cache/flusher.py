@@ -68,7 +68,7 @@ class KeyGate(Protocol):
 class Flusher:
     def __init__(self, cache: CacheManager, concurrency: int, commit_delay: float = 0.0,
                  on_committed: Callable[[CachedFile], None] = lambda cf: None,
-                 gate: KeyGate | None = None) -> None:
+                 gate: KeyGate | None = None, writer: str = "") -> None:
         self.cache = cache
         self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
@@ -96,7 +96,7 @@ class Flusher:
         self.gate = gate
         self.checksums = ChecksumUse.from_environment()  # the probe: whether S3 checks
         self.uploads = Uploads(cache, self._slots, lambda cf: cf in self._flushing,
-                               self.checksums, self._progress_changed)
+                               self.checksums, self._progress_changed, writer)
 
     # -- scheduling -------------------------------------------------------------------
 

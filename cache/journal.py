@@ -211,6 +211,18 @@ class Journal:
     def end_name_op(self, seq: int) -> None:
         self._conn.execute("DELETE FROM name_ops WHERE seq=?", (seq,))
 
+    def late_watches(self, add: list[tuple[str, int]], until: float,
+                     now: float) -> list[tuple[str, int, float]]:
+        """Start watching `add` (key, fid) until `until` (a key already watched for that
+        file keeps its end); drop the watches over at `now`; the ones left."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.executemany("INSERT OR IGNORE INTO late_watches(key, fid, until)"
+                                   " VALUES (?, ?, ?)", [(k, f, until) for k, f in add])
+            self._conn.execute("DELETE FROM late_watches WHERE until <= ?", (now,))
+            rows = self._conn.execute("SELECT key, fid, until FROM late_watches")
+            return [(key, fid, end) for key, fid, end in rows]
+
     # -- chunks -----------------------------------------------------------------------
 
     def mark_dirty(self, rec: PendingFile, indices: list[int]) -> None:

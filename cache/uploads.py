@@ -21,7 +21,7 @@ from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.cache.slots import Slots
 from lakefs_mount.s3.checksums import ChecksumUse
 from lakefs_mount.s3.crc import crc32c_combine
-from lakefs_mount.s3.layout import META_SYMLINK, encode_attrs
+from lakefs_mount.s3.layout import META_SYMLINK, META_WRITER, encode_attrs, writer_tag
 from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ class CommitSuperseded(Exception):
 
 class Uploads:
     def __init__(self, cache: CacheManager, slots: Slots, urgent: Callable[[CachedFile], bool],
-                 checksums: ChecksumUse, on_progress: Callable[[], None]) -> None:
+                 checksums: ChecksumUse, on_progress: Callable[[], None],
+                 writer: str = "") -> None:
         self.cache = cache
         self.demand = cache.demand
         self.store = cache.store
@@ -47,6 +48,7 @@ class Uploads:
         self.urgent = urgent  # a flush waits for the file: its S3 calls go first
         self.checksums = checksums
         self.on_progress = on_progress
+        self.writer = writer  # this cache's name in its objects' META_WRITER ("": none)
 
     async def call(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
         """An S3 call of a commit: its failed attempts show in status at once; the call
@@ -76,6 +78,8 @@ class Uploads:
         meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev)
         if cf.symlink is not None:
             meta[META_SYMLINK] = "1"
+        if self.writer and cf.fid is not None:
+            meta[META_WRITER] = writer_tag(self.writer, cf.fid)
         return meta
 
     async def ensure(self, cf: CachedFile) -> tuple[str, str]:

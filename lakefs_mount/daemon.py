@@ -41,9 +41,10 @@ from lakefs_mount.fserrors import FSError
 from lakefs_mount.fuse_ops import Pyfuse3Session
 from lakefs_mount.invalidations import Invalidations
 from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
+from lakefs_mount.latewrites import LateWrites
 from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
-from lakefs_mount.namelog import NameLog
+from lakefs_mount.namelog import DELETE, NameLog
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
@@ -121,6 +122,9 @@ class Daemon:
                                          on_record=None if renames_to_commit is None
                                          else renames_to_commit.noticed)
             replayed = await names.load()
+            replayed_behind_commits = [  # DELETEs that carry their file's fid (latewrites)
+                (op.row.key, int(op.row.arg)) for op in names.ops
+                if op.row.op == DELETE and op.row.arg is not None]
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
             self.ns = ns = Namespace(self.store, self.cache, config.prefix,
@@ -132,7 +136,9 @@ class Daemon:
                                    commit_delay=config.commit_delay,
                                    on_committed=lambda cf: ns.index_changed(
                                        parent_dir_key(config.prefix, cf.key)),
-                                   gate=names)
+                                   gate=names, writer=self.index_writer)
+            self.late_writes = LateWrites(self.store, self.journal, self.metrics,
+                                          self.index_writer, made_here=self._made_here)
             self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix,
                                                   self.flusher.checksums)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
@@ -152,6 +158,7 @@ class Daemon:
                 # recovered files, and a replayed move rebases the recovered files it moves
                 await nursery.start(ns.run)
                 await nursery.start(names.run)
+                await nursery.start(self.late_writes.run, replayed_behind_commits)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
                 served = False  # to its end: the kernel let go, or a signal ended it
@@ -189,6 +196,13 @@ class Daemon:
                 await self.cache.warm.sweep(self.cache.data_dir, {  # (by fid: all have one)
                     fid for fid, cf in self.cache.files.items() if cf.openers})
                 nursery.cancel_scope.cancel()
+
+    def _made_here(self, key: str) -> bool:
+        """This mount has a file of its own at `key`: made or written since it started, or
+        a pending change makes it."""
+        cf = self.ns.file_by_key(key)
+        return self.names.creating(key) or cf is not None and (
+            cf.in_journal or cf.committed_version >= 0)
 
     async def _open_session(self) -> NativeSession | Pyfuse3Session:
         """Mount with the session asked for; `auto` takes the native one where it can

@@ -137,11 +137,14 @@ class NameOps(InodeOps):
         """A commit of the file is under way, and S3 may keep it for long: the unlink
         does not wait for it. The DELETEs of its name and of its committed object are
         applied once that commit has ended (they hold its lock first), so whatever it
-        lands is deleted, and a new file of the name commits after them."""
+        lands is deleted, and a new file of the name commits after them. After a crash
+        nothing orders that commit's request, if it was sent, after the replayed DELETEs:
+        they carry the file's fid, and the next mount watches for it (latewrites)."""
         keys = dict.fromkeys(k for k in (cf.key, self.names.object_key(cf.key, cf.base_key))
                              if k is not None)
+        fid = None if cf.fid is None else str(cf.fid)  # (see namelog, latewrites)
         for i, key in enumerate(keys):
-            await self.names.record(DELETE, key, after=cf.commit_lock,
+            await self.names.record(DELETE, key, arg=fid, after=cf.commit_lock,
                                     drop_fid=cf.fid if cf.in_journal and i == 0 else None)
         await self.cache.discard(cf, row_dropped=True)
 

@@ -32,6 +32,7 @@ PASSTHROUGH_OPENS = "passthrough_opens"
 READ_REQUESTS = "read_requests"
 WRITE_REQUESTS = "write_requests"
 TEMPORARIES_HELD = "temporaries_held"
+LATE_COMMITS_UNDONE = "late_commits_undone"
 
 # Every counter with what it counts: the help text of its Prometheus counter.
 COUNTERS: dict[str, str] = {
@@ -61,6 +62,8 @@ COUNTERS: dict[str, str] = {
     READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
     TEMPORARIES_HELD: "Files made as mkstemp makes one, whose parts waited for their final name.",
+    LATE_COMMITS_UNDONE: "Objects a killed daemon's commit landed after the file's replayed "
+                         "DELETE, deleted again.",
 }
 
 # Keys of the `status` dict exported as Prometheus gauges: status key -> (name, help).

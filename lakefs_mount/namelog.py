@@ -45,6 +45,9 @@ MOVE = "move"  # CopyObject key -> dst, then DELETE key
 # finding nothing at `key` is expected (the upload left the file uncompleted, or a crash
 # came first and its bytes went again to `dst`)
 KEPT_UPLOAD = "kept-upload"
+# (the arg of a DELETE recorded while the file's commit was under way is that file's fid:
+# after a crash, that commit's request may still land, and the next mount watches for it
+# with latewrites)
 QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
 CONCURRENCY = 16
 # Test hook: a move stops for good between its copy and its delete (a kill -9 there

@@ -43,6 +43,13 @@ class Tree:
             inode = child
         return inode
 
+    def file_by_key(self, key: str) -> CachedFile | None:
+        """The file whose key is `key`, if this mount knows it."""
+        parent_key, _, name = key.rpartition("/")
+        parent = self.dir_by_key(parent_key + "/" if parent_key else "")
+        child = None if parent is None else self.child(parent, name)
+        return None if child is None else child.file
+
     def key_of(self, inode: Inode) -> str:
         path = self.path_of(inode)
         if inode.is_dir:

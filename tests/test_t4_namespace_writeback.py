@@ -242,6 +242,49 @@ def test_an_unlink_does_not_wait_for_a_commit_stuck_in_a_black_hole(mount_factor
 
 
 
+@pytest.mark.parametrize("size", [100_000, 40 * MiB],
+                         ids=["PutObject", "CompleteMultipartUpload"])
+def test_a_commit_a_killed_daemon_had_under_way_never_brings_an_unlinked_file_back(
+        mount_factory, s3, fault_proxy, size):
+    """kill -9 while the commit of a file unlinked during it still sits at the proxy: the
+    next mount replays the file's DELETE, and the dead daemon's request reaches S3
+    afterwards. A PutObject lands, and the mount deletes that object again (its metadata
+    names the file); a CompleteMultipartUpload fails, as the recovery aborted its upload.
+    An object of that name that another writer puts afterwards stays. Proves D26."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "keep").write_bytes(b"k")
+    assert m.flush().returncode == 0
+    multipart = size > 16 * MiB
+
+    def the_commit(method: str, target: str) -> bool:
+        if "/victim" not in target:
+            return False
+        return ("uploadId=" in target and method == "POST") if multipart else (
+            method == "PUT" and "partNumber=" not in target)
+
+    released = fault_proxy.delay_requests(the_commit)
+    (m.path / "victim").write_bytes(os.urandom(size))
+    _wait_until(lambda: fault_proxy.requests_held >= 1, "the commit's request held")
+    os.unlink(m.path / "victim")
+    m.kill9()
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"keep": b"k"}
+    released.set()  # the dead daemon's request reaches S3 now
+    if multipart:
+        time.sleep(3)
+    else:
+        _wait_until(lambda: m.counters().get("late_commits_undone") == 1,
+                    "the late commit deleted again")
+    assert bucket_tree(s3) == {"keep": b"k"}
+    assert "victim" not in os.listdir(m.path)
+    s3.put("victim", b"another writer's", {})
+    time.sleep(3)  # (the mount looks at the key every few seconds)
+    assert bucket_tree(s3) == {"keep": b"k", "victim": b"another writer's"}
+    assert m.counters().get("late_commits_undone", 0) == (0 if multipart else 1)
+
+
 def finish_like_dcp(directory: Path, body: bytes) -> None:
     """What torch 2.13's FileSystemWriter.finish does with a checkpoint's `.metadata`:
     written as `.metadata.tmp` and fsynced, the last save's `.metadata` removed, then the

@@ -285,7 +285,13 @@ def test_twenty_kill9_during_a_mixed_workload_lose_no_acknowledged_file(
     flush_s = time.monotonic() - flush_started
     assert flushed.returncode == 0, flushed.stderr + m.log_tail()
     lost, corrupt = compare(s3, work.acked)
-    back = sorted(rel for rel in work.deleted if rel not in work.acked and s3.head(rel))
+    def back_in_s3() -> list[str]:
+        return sorted(rel for rel in work.deleted if rel not in work.acked and s3.head(rel))
+
+    # a PutObject a killed daemon had under way may land after its file's DELETE; the
+    # mount deletes it again within seconds (D26)
+    wait_until(lambda: not back_in_s3(), 30)
+    back = back_in_s3()
     left = no_uploads_left(s3)
     reliability(Row(
         scenario="crash loop: 20 x kill -9 during a mixed workload",

@@ -24,6 +24,9 @@ META_GID = "gid"
 META_MTIME = "mtime"
 META_SYMLINK = "symlink"  # "1" marks an object whose body is a symlink target
 META_RDEV = "rdev"  # device number of a character or block device (as s3fs writes it)
+# Which file of which cache wrote an object (`writer_tag`): lakefs-mount's own, so that a
+# mount can tell its killed predecessor's late commits from anyone else's (latewrites).
+META_WRITER = "lakefs-mount-writer"
 # File types a zero-byte object may carry in its mode: FIFOs, devices, UNIX sockets.
 SPECIAL_TYPES = frozenset({stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK})
 # File types an object may claim: anything else in its mode reads as a regular file.
@@ -92,6 +95,12 @@ def key_for(prefix: str, path: str) -> str:
 
 def dir_marker_key(prefix: str, path: str) -> str:
     return prefix + path + "/" if path else prefix
+
+
+def writer_tag(writer: str, fid: int) -> str:
+    """The META_WRITER of the objects file `fid` of the cache `writer` commits: fids are
+    never reused within a cache, so the tag names one file for good."""
+    return f"{writer}/{fid}"
 
 
 def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int, rdev: int = 0) -> dict[str, str]:
