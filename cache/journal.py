@@ -208,20 +208,23 @@ class Journal:
             f"UPDATE files SET {column} = ? || substr({column}, ?)"
             f" WHERE substr({column}, 1, ?) = ?", (dst, len(src) + 1, len(src), src))
 
-    def end_name_op(self, seq: int) -> None:
-        self._conn.execute("DELETE FROM name_ops WHERE seq=?", (seq,))
-
-    def late_watches(self, add: list[tuple[str, int]], until: float,
-                     now: float) -> list[tuple[str, int, float]]:
-        """Start watching `add` (key, fid) until `until` (a key already watched for that
-        file keeps its end); drop the watches over at `now`; the ones left."""
+    def end_name_op(self, seq: int, watch: tuple[str, int, float] | None = None) -> None:
+        """A change is in S3. `watch` (key, fid, until): a DELETE that followed a commit
+        whose request may still land; the key is watched (late_watches) from now on."""
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executemany("INSERT OR IGNORE INTO late_watches(key, fid, until)"
-                                   " VALUES (?, ?, ?)", [(k, f, until) for k, f in add])
+            self._conn.execute("DELETE FROM name_ops WHERE seq=?", (seq,))
+            if watch is not None:
+                self._conn.execute("INSERT OR IGNORE INTO late_watches(key, fid, until)"
+                                   " VALUES (?, ?, ?)", watch)
+
+    def late_watches(self, now: float) -> list[tuple[str, int, float]]:
+        """The keys still watched at `now` (key, fid, until); those over are dropped."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute("DELETE FROM late_watches WHERE until <= ?", (now,))
             rows = self._conn.execute("SELECT key, fid, until FROM late_watches")
-            return [(key, fid, end) for key, fid, end in rows]
+            return [(key, fid, until) for key, fid, until in rows]
 
     # -- chunks -----------------------------------------------------------------------
 

@@ -47,11 +47,11 @@ name_ops   (v6) namespace changes not yet applied to S3, in the order they were 
            ending in "/", a directory: every object below `key` moves below `dst`). Written
            before the change is acknowledged, in the transaction that changes the `files`
            row it goes with; a row goes once its change is in S3.
-late_watches  (v8) keys where a commit a killed daemon had under way may still land after
-           the file's replayed DELETE (lakefs_mount.latewrites): `fid` names the file (its
-           objects' META_WRITER), `until` (wall-clock seconds) ends the watch. Added when
-           such a DELETE is loaded, so a crash during the watch does not end it early;
-           rows past `until` go at the next mount.
+late_watches  (v8) keys where a commit that was under way at its file's unlink may still
+           land after the file's DELETE (lakefs_mount.latewrites): `fid` names the file
+           (its objects' META_WRITER), `until` (wall-clock seconds) ends the watch. Added
+           in the transaction that ends that DELETE's `name_ops` row, so a crash never
+           ends a watch early; rows past `until` go at the next mount.
 meta       name/value pairs: next_fid, bucket, prefix, part_size, index_writer (dirindex),
            dir_markers_keep_metadata ("1"/"0": the dirattrs probe's answer for the bucket).
 """

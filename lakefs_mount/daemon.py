@@ -44,7 +44,7 @@ from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
 from lakefs_mount.latewrites import LateWrites
 from lakefs_mount.metrics_server import MetricsServer
 from lakefs_mount.mountpoint import set_kernel_readahead
-from lakefs_mount.namelog import DELETE, NameLog
+from lakefs_mount.namelog import NameLog
 from lakefs_mount.namespace import Namespace
 from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
 from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
@@ -116,15 +116,15 @@ class Daemon:
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             renames_to_commit = (RenameCommits(self, config.commit_on_rename)
                                  if config.commit_on_rename else None)
+            self.late_writes = LateWrites(self.store, self.journal, self.metrics,
+                                          self.index_writer, made_here=self._made_here)
             self.names = names = NameLog(self.store, self.journal, self.metrics,
                                          dir_attrs=dir_attrs,
                                          rebase=lambda src, dst, etags: ns.rebase(src, dst, etags),
                                          on_record=None if renames_to_commit is None
-                                         else renames_to_commit.noticed)
+                                         else renames_to_commit.noticed,
+                                         late=self.late_writes)
             replayed = await names.load()
-            replayed_behind_commits = [  # DELETEs that carry their file's fid (latewrites)
-                (op.row.key, int(op.row.arg)) for op in names.ops
-                if op.row.op == DELETE and op.row.arg is not None]
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
             self.ns = ns = Namespace(self.store, self.cache, config.prefix,
@@ -137,8 +137,6 @@ class Daemon:
                                    on_committed=lambda cf: ns.index_changed(
                                        parent_dir_key(config.prefix, cf.key)),
                                    gate=names, writer=self.index_writer)
-            self.late_writes = LateWrites(self.store, self.journal, self.metrics,
-                                          self.index_writer, made_here=self._made_here)
             self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix,
                                                   self.flusher.checksums)
             self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
@@ -157,8 +155,8 @@ class Daemon:
                 # only now: the root's first listing (ns.run) meets the warm cache and the
                 # recovered files, and a replayed move rebases the recovered files it moves
                 await nursery.start(ns.run)
+                await nursery.start(self.late_writes.run)  # (before names: it feeds it)
                 await nursery.start(names.run)
-                await nursery.start(self.late_writes.run, replayed_behind_commits)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
                 served = False  # to its end: the kernel let go, or a signal ended it

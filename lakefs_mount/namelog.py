@@ -31,6 +31,7 @@ from lakefs_mount.cache.flusher import ERRORS_BEFORE_FLUSH_FAILS, FlushFailed
 from lakefs_mount.cache.journalschema import NameOpRow
 from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.dirattrs import DirAttrs, DirStat
+from lakefs_mount.latewrites import LateWrites
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo, ObjectStoreError
@@ -46,8 +47,7 @@ MOVE = "move"  # CopyObject key -> dst, then DELETE key
 # came first and its bytes went again to `dst`)
 KEPT_UPLOAD = "kept-upload"
 # (the arg of a DELETE recorded while the file's commit was under way is that file's fid:
-# after a crash, that commit's request may still land, and the next mount watches for it
-# with latewrites)
+# that commit's request may still land after the DELETE, which latewrites watches for)
 QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
 CONCURRENCY = 16
 # Test hook: a move stops for good between its copy and its delete (a kill -9 there
@@ -93,7 +93,8 @@ class NameLog:
     def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics, *,
                  dir_attrs: DirAttrs | None,
                  rebase: Callable[[str, str, dict[str, str]], None],
-                 on_record: Callable[[str, str, str | None], None] | None = None) -> None:
+                 on_record: Callable[[str, str, str | None], None] | None = None,
+                 late: LateWrites | None = None) -> None:
         self.store = store
         self.journal = journal
         self.metrics = metrics
@@ -113,6 +114,7 @@ class NameLog:
         self.applied = 0
         # told of every change as it is recorded (op, key, dst): --commit-on-rename
         self.on_record = on_record
+        self.late = late  # watches the key of a DELETE that followed a commit under way
 
     # -- recording --------------------------------------------------------------------
 
@@ -287,7 +289,12 @@ class NameLog:
                 self._changed.set()
                 self._changed = trio.Event()
                 await self.store.backoff(min(30.0, 0.5 * 2 ** min(op.error_streak, 6)))
-        await self.journal(self.journal.sync.end_name_op, op.row.seq)
+        watch = None
+        if self.late is not None and op.row.op == DELETE and op.row.arg is not None:
+            watch = (op.row.key, int(op.row.arg), self.late.until())  # (see latewrites)
+        await self.journal(self.journal.sync.end_name_op, op.row.seq, watch)
+        if watch is not None and self.late is not None:
+            self.late.follow(*watch)
         self.applied += 1
         self._drop(op)
 

@@ -20,6 +20,7 @@ import pytest
 from faultproxy import listing
 
 from lakefs_mount.s3.layout import encode_attrs
+from lakefs_mount.s3.timeouts import BASE_SECONDS
 
 MiB = 1024 * 1024
 
@@ -283,6 +284,32 @@ def test_a_commit_a_killed_daemon_had_under_way_never_brings_an_unlinked_file_ba
     time.sleep(3)  # (the mount looks at the key every few seconds)
     assert bucket_tree(s3) == {"keep": b"k", "victim": b"another writer's"}
     assert m.counters().get("late_commits_undone", 0) == (0 if multipart else 1)
+
+
+def test_a_commit_request_that_timed_out_and_lands_after_the_unlink_is_deleted_again(
+        mount_factory, s3, fault_proxy):
+    """A file's PutObject is held at the proxy past its time bound, and the file unlinked
+    meanwhile: its DELETE follows the end of that commit, and then the request the mount
+    gave up on reaches S3 and brings the file back; the mount deletes it again (D26)."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    held: list[str] = []
+
+    def first_put(method: str, target: str) -> bool:
+        if method == "PUT" and "/victim" in target and not held:
+            held.append(target)
+            return True
+        return False
+
+    fault_proxy.delay_requests(first_put, BASE_SECONDS + 8)  # (the bound of a small PUT: 10 s)
+    (m.path / "victim").write_bytes(os.urandom(100_000))
+    _wait_until(lambda: fault_proxy.requests_held >= 1, "the commit's request held")
+    os.unlink(m.path / "victim")
+    _wait_until(lambda: m.counters().get("late_commits_undone") == 1,
+                "the late PutObject deleted again", timeout=60)
+    assert bucket_tree(s3) == {}
+    assert m.flush().returncode == 0
+    assert "victim" not in os.listdir(m.path)
 
 
 def finish_like_dcp(directory: Path, body: bytes) -> None:
