@@ -124,6 +124,20 @@ def test_a_namespace_change_and_its_file_row_change_are_one_transaction(tmp_path
     assert [r.op for r in j.name_ops()] == ["delete"]
 
 
+def test_a_late_commit_watch_starts_with_the_end_of_its_delete_and_outlives_a_reopen(
+        tmp_path):
+    j = Journal(tmp_path / "j.db")
+    seq = j.add_name_op("delete", "gone", arg="7")
+    j.end_name_op(seq, ("gone", 7, 100.0))
+    j.end_name_op(j.add_name_op("delete", "gone", arg="7"), ("gone", 7, 200.0))  # kept: 100
+    assert j.name_ops() == []
+    j.close()
+    again = Journal(tmp_path / "j.db")
+    assert again.late_watches(now=50.0) == [("gone", 7, 100.0)]
+    assert again.late_watches(now=100.0) == []  # over: dropped
+    assert again.late_watches(now=0.0) == []
+
+
 def test_a_device_row_keeps_its_rdev_through_intent_and_replacement(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = PendingFile(j.allocate_fid(), "dev", 0, stat.S_IFCHR | 0o600, 0, 0, 1,
