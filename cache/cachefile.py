@@ -178,6 +178,50 @@ class CachedFile:
         self.base_key, self.base_etag = key, etag
         self.validated_at = now
 
+    def row_written(self) -> None:
+        """The journal holds the file's row from now on: it is pending."""
+        self.in_journal = True
+
+    def row_dropped(self) -> None:
+        """The journal holds no row of the file any more: nothing of it is pending, or
+        nothing of it will go to S3 (unlinked)."""
+        assert self.unlinked or not any(
+            c.state in PENDING_STATES for c in self.chunks.values()), self.key
+        self.in_journal = False
+
+    def committed(self, key: str, size: int, etag: str, crc: int | None,
+                  meta: dict[str, str], version: int) -> None:
+        """A commit placed the file's content of `version` in S3 as the object `key`
+        (with CRC-32C `crc` where known, and user metadata `meta`): its new base."""
+        self.base_key, self.base_size, self.base_etag = key, size, etag
+        self.committed_crc = None if crc is None else (etag, crc)
+        self.s3_meta = meta
+        self.committed_version = version
+
+    def rebased(self, key: str | None, etag: str | None = None) -> None:
+        """Its base object is now `key` (a rename; a move in S3, which may have given it
+        the ETag `etag`)."""
+        self.base_key = key
+        if etag is not None:
+            self.base_etag = etag
+
+    def touched(self, mtime_ns: int | None = None) -> None:
+        """Its content or size changed: at `mtime_ns` (default: now)."""
+        self.mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
+
+    def set_attrs(self, mode: int | None = None, uid: int | None = None,
+                  gid: int | None = None, mtime_ns: int | None = None) -> None:
+        """Attributes set through the mount (chmod, chown, utimens) or read from S3; None
+        keeps one."""
+        if mode is not None:
+            self.mode = mode
+        if uid is not None:
+            self.uid = uid
+        if gid is not None:
+            self.gid = gid
+        if mtime_ns is not None:
+            self.mtime_ns = mtime_ns
+
     def state(self, idx: int) -> ChunkState | None:
         ch = self.chunks.get(idx)
         return None if ch is None else ch.state

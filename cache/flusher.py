@@ -334,21 +334,21 @@ class Flusher:
         for i in committed:
             self.cache.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
-        cf.base_key, cf.base_size, cf.base_etag = placed, size, str(etag)
-        cf.committed_crc = None if crc is None else (str(etag), crc)
-        cf.s3_meta = meta
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
                                   placed, size, seen_gen, self.cache.clean_note(cf), crc)
+        cf.committed(placed, size, str(etag), crc, meta, version)
         # An intent that raced with finish_commit kept (or re-created) the row.
-        cf.in_journal = kept or cf.version != version or any(
-            c.state in PENDING_STATES for c in cf.chunks.values())
-        cf.committed_version = version
+        if kept or cf.version != version or any(
+                c.state in PENDING_STATES for c in cf.chunks.values()):
+            cf.row_written()
+        else:
+            cf.row_dropped()
         if cf.unlinked and cf.in_journal:  # unlinked while this commit ran (its DELETE
             await self.journal(self.journal.sync.drop_file, cf.fid)  # waited for it)
-            cf.in_journal = False
+            cf.row_dropped()
         self.metrics[m.FILES_COMMITTED] += 1
         if placed == cf.key:
             self.on_committed(cf)

@@ -166,7 +166,7 @@ class CacheManager:
 
     async def rekey(self, cf: CachedFile, key: str, base_key: str | None) -> None:
         cf.key = key
-        cf.base_key = base_key
+        cf.rebased(base_key)
         if cf.in_journal:
             assert cf.fid is not None
             await self.journal(self.journal.sync.rekey, cf.fid, key, base_key)
@@ -181,8 +181,8 @@ class CacheManager:
         self.book.release_dirty(cf)
         if cf.in_journal and cf.fid is not None and not row_dropped:
             await self.journal(self.journal.sync.drop_file, cf.fid)
-        cf.in_journal = False
         cf.unlinked = True
+        cf.row_dropped()
         cf.version += 1
 
     def detach_upload(self, cf: CachedFile) -> None:

@@ -223,7 +223,7 @@ class Passthrough:
     def _note_written(cf: CachedFile, seen: tuple[int, int]) -> None:
         cf.size = seen[0]
         if cf.pt_seen is None or seen[1] != cf.pt_seen[1]:  # written since: a new mtime
-            cf.mtime_ns = max(cf.mtime_ns, seen[1])
+            cf.touched(max(cf.mtime_ns, seen[1]))
 
     def size_now(self, cf: CachedFile) -> int:
         """The length of the cache file the kernel writes, as it is now."""

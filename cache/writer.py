@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 
 import trio
 
@@ -57,7 +56,7 @@ class Writer:
             return
         await self.files.ensure_fd(cf)
         assert cf.fid is not None
-        cf.in_journal = True
+        cf.row_written()
         await self.journal(self.journal.sync.put_file, self.pending_record(cf))
 
     async def new_file(self, cf: CachedFile) -> None:
@@ -71,15 +70,15 @@ class Writer:
             await self._ensure_journalled(cf)
             return
         await self.files.ensure_fd(cf)
-        cf.in_journal = True  # the intent writes the file's row
+        cf.row_written()  # (the intent writes it)
         try:
             await self.mark_dirty(cf, [0], None)
         except BaseException:
             # Refused (a full cache disk, the journal): the create fails, so nothing of
             # this file may reach S3: the flusher took it for pending and committed an
             # empty object the application was told it never made.
-            cf.in_journal = False
             cf.unlinked = True
+            cf.row_dropped()
             self.files.remove(cf)
             raise
 
@@ -89,7 +88,7 @@ class Writer:
         if cf.unlinked:
             return
         await self.files.ensure_fd(cf)
-        cf.in_journal = True
+        cf.row_written()
         await self.journal(self.journal.sync.put_file, self.pending_record(cf))
 
     # -- writing ------------------------------------------------------------------------
@@ -128,7 +127,7 @@ class Writer:
             cf.size = end
             self.book.grow_held(cf, touched)
         cf.version += 1
-        cf.mtime_ns = time.time_ns()
+        cf.touched()
         first = touched[0]
         if first > 0:
             prev = cf.chunks.get(first - 1)
@@ -220,7 +219,7 @@ class Writer:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
         cf.size = size
-        cf.mtime_ns = time.time_ns()
+        cf.touched()
         if size > old:
             self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
@@ -241,7 +240,7 @@ class Writer:
         await self.files.ensure_fd(cf)
         assert cf.fid is not None
         await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), indices)
-        cf.in_journal = True
+        cf.row_written()
         for idx in indices:
             ch = self.book.new_chunk(cf, idx)
             # An upload of it in flight no longer counts: when it ends, the chunk is dirty
@@ -305,7 +304,7 @@ class Writer:
             assert cf.fid is not None
             if not cf.unlinked:
                 await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), need)
-                cf.in_journal = True
+                cf.row_written()
             for idx in need:
                 ch = self.book.new_chunk(cf, idx)
                 if ch.state not in DIRTY_STATES:

@@ -85,12 +85,13 @@ class Inode:
 
     def set_attrs(self, mode: int | None = None, uid: int | None = None,
                   gid: int | None = None, mtime_ns: int | None = None) -> None:
-        target: object = self.file if self.file is not None else None
-        prefix = "" if target is not None else "dir_"
-        obj = target if target is not None else self
-        for name, value in (("mode", mode), ("uid", uid), ("gid", gid), ("mtime_ns", mtime_ns)):
-            if value is not None:
-                setattr(obj, prefix + name, value)
+        if self.file is not None:
+            self.file.set_attrs(mode, uid, gid, mtime_ns)
+        else:
+            for name, value in (("dir_mode", mode), ("dir_uid", uid), ("dir_gid", gid),
+                                ("dir_mtime_ns", mtime_ns)):
+                if value is not None:
+                    setattr(self, name, value)
         self.ctime_ns = time.time_ns()
 
 

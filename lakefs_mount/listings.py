@@ -378,7 +378,7 @@ class Listed(Tree):
             return
         self.cache.invalidate(cf)
         cf.object_seen(obj.key, obj.size, obj.etag, time.monotonic())
-        cf.mtime_ns = int(obj.mtime * 1e9)
+        cf.set_attrs(mtime_ns=int(obj.mtime * 1e9))
         cf.s3_meta = None
         inode.headed = False
         self.kernel.inode(inode.ino)

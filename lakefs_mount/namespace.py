@@ -287,20 +287,15 @@ class Namespace(Listed):
             return  # local changes not yet committed win over what S3 still holds
         cf.s3_meta = dict(info.metadata)
         attrs = decode_attrs(info.metadata)
-        if attrs.mode is not None:
-            cf.mode = attrs.mode
-        if attrs.uid is not None:
-            cf.uid = attrs.uid
-        if attrs.gid is not None:
-            cf.gid = attrs.gid
+        cf.set_attrs(attrs.mode, attrs.uid, attrs.gid, attrs.mtime_ns if attrs.mtime_ns
+                     is not None else int(info.mtime * 1e9))
         cf.rdev = attrs.rdev
-        cf.mtime_ns = attrs.mtime_ns if attrs.mtime_ns is not None else int(info.mtime * 1e9)
         if cf.base_etag != info.etag:
             self.cache.invalidate(cf)
             self.kernel.inode(inode.ino)
         cf.object_seen(cf.base_key, info.size, info.etag, time.monotonic())
         if attrs.is_symlink:
-            cf.mode = stat.S_IFLNK | 0o777
+            cf.set_attrs(mode=stat.S_IFLNK | 0o777)
         inode.kind = kind_of(cf)
 
     def rebase(self, src: str, dst: str, etags: dict[str, str]) -> None:
@@ -313,10 +308,9 @@ class Namespace(Listed):
             if cf is None or cf.base_key is None:
                 continue
             if cf.base_key == src:
-                cf.base_key = dst
+                moved = dst
             elif src.endswith("/") and cf.base_key.startswith(src):
-                cf.base_key = dst + cf.base_key[len(src):]
+                moved = dst + cf.base_key[len(src):]
             else:
                 continue
-            if cf.base_key in etags:
-                cf.base_etag = etags[cf.base_key]
+            cf.rebased(moved, etags.get(moved))
