@@ -205,6 +205,22 @@ class CachedFile:
         if etag is not None:
             self.base_etag = etag
 
+    def changed(self) -> None:
+        """Its content, size or attributes changed: a commit of an older version no
+        longer leaves it clean."""
+        self.version += 1
+
+    def resized(self, size: int) -> None:
+        self.size = size
+
+    def validated(self, at: float) -> None:
+        """S3 confirmed its base at monotonic time `at` (close-to-open)."""
+        self.validated_at = max(self.validated_at, at)
+
+    def page_cache_stale(self) -> None:
+        """The kernel's page cache of it may no longer hold what the cache file holds."""
+        self.page_cache_etag = None
+
     def touched(self, mtime_ns: int | None = None) -> None:
         """Its content or size changed: at `mtime_ns` (default: now)."""
         self.mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns

@@ -363,8 +363,7 @@ class Flusher:
             return False
         log.error("%s: its committed object %s was deleted; dropping its pending changes",
                   cf.key, cf.base_key)
-        await self.cache.discard(cf)
-        cf.unlinked = False
+        await self.cache.discard(cf, name_kept=True)
         return True
 
     def status(self) -> dict[str, object]:

@@ -173,17 +173,20 @@ class CacheManager:
         if cf.fid is not None:
             await self.journal(self.journal.sync.rekey_cached, cf.fid, key)
 
-    async def discard(self, cf: CachedFile, row_dropped: bool = False) -> None:
+    async def discard(self, cf: CachedFile, row_dropped: bool = False,
+                      name_kept: bool = False) -> None:
         """The file was unlinked: forget what it still had to upload; abort its upload
         in the background (an unlink must not wait for S3). `row_dropped`: the caller's
-        own transaction (its DELETE's) has dropped the file's journal row."""
+        own transaction (its DELETE's) has dropped the file's journal row. `name_kept`:
+        not unlinked, only its pending changes go (their base object is gone)."""
         self.detach_upload(cf)
         self.book.release_dirty(cf)
         if cf.in_journal and cf.fid is not None and not row_dropped:
             await self.journal(self.journal.sync.drop_file, cf.fid)
         cf.unlinked = True
         cf.row_dropped()
-        cf.version += 1
+        cf.unlinked = not name_kept
+        cf.changed()
 
     def detach_upload(self, cf: CachedFile) -> None:
         """Take the file's open upload off it, and abort it in the background: until the

@@ -221,7 +221,7 @@ class Passthrough:
 
     @staticmethod
     def _note_written(cf: CachedFile, seen: tuple[int, int]) -> None:
-        cf.size = seen[0]
+        cf.resized(seen[0])
         if cf.pt_seen is None or seen[1] != cf.pt_seen[1]:  # written since: a new mtime
             cf.touched(max(cf.mtime_ns, seen[1]))
 

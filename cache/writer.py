@@ -84,7 +84,7 @@ class Writer:
 
     async def save_attrs(self, cf: CachedFile) -> None:
         """Attributes or size changed: the next commit writes them."""
-        cf.version += 1
+        cf.changed()
         if cf.unlinked:
             return
         await self.files.ensure_fd(cf)
@@ -124,9 +124,9 @@ class Writer:
         for idx in touched:
             cf.chunks[idx].gen += 1
         if end > cf.size:
-            cf.size = end
+            cf.resized(end)
             self.book.grow_held(cf, touched)
-        cf.version += 1
+        cf.changed()
         cf.touched()
         first = touched[0]
         if first > 0:
@@ -218,7 +218,7 @@ class Writer:
             fd = await self.files.ensure_fd(cf)
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # the cache file's length is what recovery trusts
-        cf.size = size
+        cf.resized(size)
         cf.touched()
         if size > old:
             self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
@@ -235,7 +235,7 @@ class Writer:
         count = self.parts.chunk_count(size)
         for idx in [i for i in cf.chunks if i >= count]:
             self.book.remove_chunk(cf, idx)
-        cf.size = size
+        cf.resized(size)
         indices = [i for i in range(count) if i not in keep]
         await self.files.ensure_fd(cf)
         assert cf.fid is not None
@@ -251,8 +251,8 @@ class Writer:
             if ch.state not in DIRTY_STATES:
                 self.book.set_state(cf, ch, idx, ChunkState.DIRTY)
         self.book.grow_held(cf, range(count))
-        cf.version += 1
-        cf.page_cache_etag = None  # the FUSE page cache of the file may be stale
+        cf.changed()
+        cf.page_cache_stale()
 
     async def stream_written(self, cf: CachedFile, indices: list[int]) -> None:
         """Chunks a passthrough writer has left behind: dirty (journalled first), and to

@@ -233,7 +233,7 @@ class InodeOps:
             return
         if info is None:
             raise FSError(errno.ENOENT, f"{cf.base_key} was deleted in S3")
-        cf.validated_at = time.monotonic()
+        cf.validated(time.monotonic())
         if info.etag != cf.base_etag:
             self.ns.apply_metadata(inode, info)  # drops the chunks of the old version
 

@@ -372,7 +372,7 @@ class Listed(Tree):
         assert cf is not None
         if cf.base_etag == obj.etag:
             if cf.base_key == obj.key:
-                cf.validated_at = max(cf.validated_at, listed_at)
+                cf.validated(listed_at)
             return
         if cf.pending or cf.openers:
             return
