@@ -261,6 +261,7 @@ class Flusher:
             await self.uploads.abandon(cf)
             raise CommitSuperseded
         started = time.monotonic()
+        cf.commit_starting()
         placed = cf.key  # where the object lands: an upload a rename kept, at its old key
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
         attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size

@@ -115,37 +115,51 @@ class NameOps(InodeOps):
             await self._unlink_behind_commit(cf)
         else:
             async with cf.commit_lock:
-                obj = self.names.object_key(cf.key, cf.base_key)
-                dropped = False
-                if obj is not None:
-                    kept = None
-                    if cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
-                        kept = trio.Event()
-                        self.ns.start_soon(self._keep_bytes, cf, kept)
-                    # the DELETE and the end of the file's pending state, in one transaction
-                    await self.names.record(DELETE, obj, after=kept,
-                                            drop_fid=cf.fid if cf.in_journal else None)
-                    dropped = True
-                await self.cache.discard(cf, row_dropped=dropped)
+                keys = self._objects_of(cf, cf.commit_sent)
+                kept = None
+                if keys and cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
+                    kept = trio.Event()
+                    self.ns.start_soon(self._keep_bytes, cf, kept)
+                await self._record_deletes(cf, keys, kept)
+                await self.cache.discard(cf, row_dropped=bool(keys))
         self.ns.detach(inode)
         self.ns.index_changed(self.ns.key_of(parent))
         parent.dir_mtime_ns = time.time_ns()
         if cf.openers == 0:
             self.cache.close_file(cf)
 
+    def _objects_of(self, cf: CachedFile, commit_sent: bool) -> dict[str, str | None]:
+        """The keys where S3 may hold an object of the file, each with the arg of its
+        DELETE: its committed object, and, where a commit of it was sent (`commit_sent`),
+        its own key, which that commit may fill without the journal knowing; such a
+        DELETE names the file (its fid), and the mount watches for that commit landing
+        after it (latewrites)."""
+        keys: dict[str, str | None] = {}
+        if commit_sent and cf.fid is not None:
+            keys[cf.key] = str(cf.fid)
+        obj = self.names.object_key(cf.key, cf.base_key)
+        if obj is not None:
+            keys.setdefault(obj, None)
+        return keys
+
+    async def _record_deletes(self, cf: CachedFile, keys: dict[str, str | None],
+                              after: trio.Lock | trio.Event | None) -> None:
+        """Journal the DELETEs; the last one's transaction also drops the file's row, so
+        a crash between them leaves the file (the unlink had not returned), never a key
+        that no DELETE names."""
+        for i, (key, arg) in enumerate(keys.items()):
+            last = i == len(keys) - 1
+            await self.names.record(DELETE, key, arg=arg, after=after,
+                                    drop_fid=cf.fid if cf.in_journal and last else None)
+
     async def _unlink_behind_commit(self, cf: CachedFile) -> None:
         """A commit of the file is under way, and S3 may keep it for long: the unlink
         does not wait for it. The DELETEs of its name and of its committed object are
         applied once that commit has ended (they hold its lock first), so whatever it
-        lands is deleted, and a new file of the name commits after them. After a crash
-        nothing orders that commit's request, if it was sent, after the replayed DELETEs:
-        they carry the file's fid, and the next mount watches for it (latewrites)."""
-        keys = dict.fromkeys(k for k in (cf.key, self.names.object_key(cf.key, cf.base_key))
-                             if k is not None)
-        fid = None if cf.fid is None else str(cf.fid)  # (see namelog, latewrites)
-        for i, key in enumerate(keys):
-            await self.names.record(DELETE, key, arg=fid, after=cf.commit_lock,
-                                    drop_fid=cf.fid if cf.in_journal and i == 0 else None)
+        lands is deleted, and a new file of the name commits after them. Nothing orders
+        that commit's request after them if the daemon dies or gives up on it: the
+        DELETE of its key names the file, and the mount watches (latewrites)."""
+        await self._record_deletes(cf, self._objects_of(cf, True), cf.commit_lock)
         await self.cache.discard(cf, row_dropped=True)
 
     async def _keep_bytes(self, cf: CachedFile, kept: trio.Event) -> None:

@@ -20,7 +20,7 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.dirattrs import DirStat
 from lakefs_mount.fserrors import check_dir_key, check_key, s3_errors
 from lakefs_mount.inode import Inode
-from lakefs_mount.namelog import KEPT_UPLOAD, MOVE, NameLog, dir_arg
+from lakefs_mount.namelog import DELETE, KEPT_UPLOAD, MOVE, NameLog, dir_arg
 from lakefs_mount.namespace import Namespace
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ class Renames:
                 obj = self.names.object_key(cf.key, cf.base_key)
                 if obj is not None:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey)
+                if cf.commit_sent and obj != cf.key and cf.fid is not None:
+                    # a commit sent to the old name may have landed there unrecorded
+                    await self.names.record(DELETE, cf.key, arg=str(cf.fid))
             await self.cache.rekey(cf, new_key, cf.base_key)
         self.ns.move(inode, dst_parent, name)
         self.cache.demand.release(cf)  # a temporary has its final name

@@ -286,6 +286,36 @@ def test_a_commit_a_killed_daemon_had_under_way_never_brings_an_unlinked_file_ba
     assert m.counters().get("late_commits_undone", 0) == (0 if multipart else 1)
 
 
+@pytest.mark.parametrize("change", ["unlink", "rename"])
+def test_a_file_whose_commit_landed_unrecorded_before_kill9_leaves_no_object_behind(
+        mount_factory, s3, fault_proxy, change):
+    """A file's PutObject reaches S3, but the daemon is killed before the journal records
+    the commit: the next mount recovers the file as never committed. Unlinked or renamed
+    there (its recovered commit failing meanwhile), no object stays at its old name (the
+    crash loop's defect)."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+    released = fault_proxy.delay_requests(
+        lambda method, target: method == "PUT" and "/victim" in target)
+    body = os.urandom(100_000)
+    (m.path / "victim").write_bytes(body)
+    _wait_until(lambda: fault_proxy.requests_held >= 1, "the commit's request held")
+    m.kill9()
+    released.set()
+    _wait_until(lambda: "victim" in bucket_tree(s3), "the dead daemon's PutObject landed")
+    fault_proxy.answer_share(503, "SlowDown", 1.0, frozenset({"PUT"}))
+    m.start()
+    _wait_until(lambda: fault_proxy.answered >= 3 and m.status()["files_committing"] == 0,
+                "the recovered file's commit failed")
+    if change == "unlink":
+        os.unlink(m.path / "victim")
+    else:
+        os.rename(m.path / "victim", m.path / "renamed")
+    fault_proxy.answer_share(503, "SlowDown", 0.0)
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == ({} if change == "unlink" else {"renamed": body})
+
+
 def test_a_commit_request_that_timed_out_and_lands_after_the_unlink_is_deleted_again(
         mount_factory, s3, fault_proxy):
     """A file's PutObject is held at the proxy past its time bound, and the file unlinked
