@@ -186,6 +186,12 @@ class CachedFile:
         """The journal holds the file's row from now on: it is pending."""
         self.in_journal = True
 
+    def discarded(self, unlinked: bool = True) -> None:
+        """Nothing of it goes to S3 any more (its journal row is gone with its pending
+        changes); `unlinked`: nor does its name (else only those changes were dropped)."""
+        self.in_journal = False
+        self.unlinked = unlinked
+
     def row_dropped(self) -> None:
         """The journal holds no row of the file any more: nothing of it is pending, or
         nothing of it will go to S3 (unlinked)."""

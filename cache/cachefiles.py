@@ -32,8 +32,10 @@ class CacheFiles:
     def path(self, fid: int) -> Path:
         return self.data_dir / str(fid)
 
-    def adopt(self, cf: CachedFile) -> None:
-        """`cf` has a fid already (from the journal or the warm cache)."""
+    def adopt(self, cf: CachedFile, fid: int | None = None) -> None:
+        """`cf` has a fid already (from the journal), or takes `fid` (the warm cache's)."""
+        if fid is not None:
+            cf.fid = fid
         assert cf.fid is not None
         self.by_fid[cf.fid] = cf
 

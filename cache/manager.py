@@ -140,8 +140,7 @@ class CacheManager:
             self._nursery.start_soon(self.warm.drop, stale)
         if entry is None:
             return
-        cf.fid = entry.fid
-        self.cachefiles.adopt(cf)
+        self.cachefiles.adopt(cf, entry.fid)
         for idx in entry.chunks:
             held = self.parts.held_bytes(idx, entry.size)  # as the warm cache counted it
             if idx < self.parts.chunk_count(cf.size):
@@ -183,9 +182,7 @@ class CacheManager:
         self.book.release_dirty(cf)
         if cf.in_journal and cf.fid is not None and not row_dropped:
             await self.journal(self.journal.sync.drop_file, cf.fid)
-        cf.unlinked = True
-        cf.row_dropped()
-        cf.unlinked = not name_kept
+        cf.discarded(unlinked=not name_kept)
         cf.changed()
 
     def detach_upload(self, cf: CachedFile) -> None:

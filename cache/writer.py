@@ -77,8 +77,7 @@ class Writer:
             # Refused (a full cache disk, the journal): the create fails, so nothing of
             # this file may reach S3: the flusher took it for pending and committed an
             # empty object the application was told it never made.
-            cf.unlinked = True
-            cf.row_dropped()
+            cf.discarded()
             self.files.remove(cf)
             raise
 
