@@ -203,13 +203,12 @@ class CachedFile:
         self.commit_sent = True
 
     def committed(self, key: str, size: int, etag: str, crc: int | None,
-                  meta: dict[str, str], version: int) -> None:
-        """A commit placed the file's content of `version` in S3 as the object `key`
-        (with CRC-32C `crc` where known, and user metadata `meta`): its new base."""
+                  meta: dict[str, str]) -> None:
+        """A commit placed the file's content in S3 as the object `key` (with CRC-32C
+        `crc` where known, and user metadata `meta`): its new base."""
         self.base_key, self.base_size, self.base_etag = key, size, etag
         self.committed_crc = None if crc is None else (etag, crc)
         self.s3_meta = meta
-        self.committed_version = version
 
     def rebased(self, key: str | None, etag: str | None = None) -> None:
         """Its base object is now `key` (a rename; a move in S3, which may have given it

@@ -335,12 +335,13 @@ class Flusher:
         for i in committed:
             self.cache.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
+        cf.committed(placed, size, str(etag), crc, meta)  # (clean_note below needs it)
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
                                   placed, size, seen_gen, self.cache.clean_note(cf), crc)
-        cf.committed(placed, size, str(etag), crc, meta, version)
+        cf.committed_version = version
         # An intent that raced with finish_commit kept (or re-created) the row.
         if kept or cf.version != version or any(
                 c.state in PENDING_STATES for c in cf.chunks.values()):
