@@ -77,9 +77,10 @@ class CachedFile:
     intent_pending: dict[int, trio.Event] = field(default_factory=dict)
     in_journal: bool = False
     # A commit of it may have put an object at its key that the journal does not know of:
-    # one was sent here (its answer may not have come), or the file was recovered from the
-    # journal of a daemon that died (latewrites; an unlink or a rename deletes that key).
-    commit_sent: bool = False
+    # a request placing it got no answer here (timed out, connection lost), or the file was
+    # recovered from the journal of a daemon that died (an unlink or a rename then deletes
+    # that key too, and latewrites watches it).
+    commit_unknown: bool = False
     intent_gen: int = 0  # intents issued to the journal (see journal.files.intent_gen)
     version: int = 0  # bumped by every change of content, size or attributes
     committed_version: int = -1
@@ -199,8 +200,8 @@ class CachedFile:
             c.state in PENDING_STATES for c in self.chunks.values()), self.key
         self.in_journal = False
 
-    def commit_starting(self) -> None:
-        self.commit_sent = True
+    def commit_answer_lost(self) -> None:
+        self.commit_unknown = True
 
     def committed(self, key: str, size: int, etag: str, crc: int | None,
                   meta: dict[str, str]) -> None:

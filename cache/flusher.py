@@ -261,7 +261,6 @@ class Flusher:
             await self.uploads.abandon(cf)
             raise CommitSuperseded
         started = time.monotonic()
-        cf.commit_starting()
         placed = cf.key  # where the object lands: an upload a rename kept, at its old key
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
         attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size
@@ -272,12 +271,12 @@ class Flusher:
             size = len(body)  # the object's size, as listings show it (the index checks it)
             crc = crc32c.crc32c(body) if self.checksums.send else None
             etag = await self.uploads.call(cf, f"PutObject {cf.key}", self.store.sync.put,
-                                           cf.key, body, meta, crc)
+                                           cf.key, body, meta, crc, places_object=True)
             self.metrics[m.OBJECTS_PUT] += 1
             committed: list[int] = []
         elif attrs_only and size > 0:
             etag = await self.uploads.call(cf, f"CopyObject {cf.key}", self.store.sync.copy,
-                                           cf.key, cf.key, meta)
+                                           cf.key, cf.key, meta, places_object=True)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
             committed = []
             if cf.committed_crc is not None and cf.committed_crc[0] == cf.base_etag:
@@ -296,7 +295,7 @@ class Flusher:
                     crcs[:] = [crc32c.crc32c(data)] if declare else []
                     return self.store.sync.put(key, data, meta, crcs[0] if crcs else None)
 
-                etag = await self.uploads.call(cf, f"PutObject {key}", put)
+                etag = await self.uploads.call(cf, f"PutObject {key}", put, places_object=True)
             crc = crcs[0] if crcs else None
             self.metrics[m.OBJECTS_PUT] += 1
             self.metrics[m.BYTES_UPLOADED] += size
@@ -326,7 +325,8 @@ class Flusher:
                       if cf.upload_checksum else None)
             etag = await self.uploads.call(cf, f"CompleteMultipartUpload {key}",
                                            self.store.sync.complete_multipart, key, upload_id,
-                                           parts, listed, crc if cf.upload_checksum else None)
+                                           parts, listed, crc if cf.upload_checksum else None,
+                                           places_object=True)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
             cf.take_upload(completed=True)

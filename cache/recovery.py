@@ -87,7 +87,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                     mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
                     base_size=rec.base_size or 0, upload_id=rec.upload_id,
                     upload_key=rec.upload_key, symlink=rec.symlink, rdev=rec.rdev,
-                    in_journal=True, commit_sent=True, intent_gen=rec.intent_gen,
+                    in_journal=True, commit_unknown=True, intent_gen=rec.intent_gen,
                     upload_checksum=bool(rec.upload_checksum))
     chunks = await journal(journal.sync.chunks, rec.fid)
     crcs = await journal(journal.sync.part_crcs, rec.fid)

@@ -50,12 +50,17 @@ class Uploads:
         self.on_progress = on_progress
         self.writer = writer  # this cache's name in its objects' META_WRITER ("": none)
 
-    async def call(self, cf: CachedFile, what: str, fn: object, *args: object) -> object:
+    async def call(self, cf: CachedFile, what: str, fn: object, *args: object,
+                   places_object: bool = False) -> object:
         """An S3 call of a commit: its failed attempts show in status at once; the call
         counts as one failure of the file (`error_streak`, which fails a waiting flush
-        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed."""
+        after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed. `places_object`:
+        the call puts an object at the file's key; an attempt S3 never answered may still
+        do so (`commit_unknown`)."""
         def on_error(exc: Exception) -> None:
             cf.note_error(str(exc))
+            if places_object and getattr(exc, "status", None) is None:
+                cf.commit_answer_lost()
             self.on_progress()
 
         # A few quick attempts only: a commit holds the file's lock, which a rename needs;

@@ -115,7 +115,7 @@ class NameOps(InodeOps):
             await self._unlink_behind_commit(cf)
         else:
             async with cf.commit_lock:
-                keys = self._objects_of(cf, cf.commit_sent)
+                keys = self._objects_of(cf, cf.commit_unknown)
                 kept = None
                 if keys and cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
                     kept = trio.Event()
@@ -128,14 +128,14 @@ class NameOps(InodeOps):
         if cf.openers == 0:
             self.cache.close_file(cf)
 
-    def _objects_of(self, cf: CachedFile, commit_sent: bool) -> dict[str, str | None]:
+    def _objects_of(self, cf: CachedFile, unknown: bool) -> dict[str, str | None]:
         """The keys where S3 may hold an object of the file, each with the arg of its
-        DELETE: its committed object, and, where a commit of it was sent (`commit_sent`),
-        its own key, which that commit may fill without the journal knowing; such a
-        DELETE names the file (its fid), and the mount watches for that commit landing
-        after it (latewrites)."""
+        DELETE: its committed object, and, where the outcome of a commit of it is not
+        known (`unknown`: under way, unanswered, or a killed daemon's), its own key, which
+        that commit may fill without the journal knowing; such a DELETE names the file
+        (its fid), and the mount watches for that commit landing after it (latewrites)."""
         keys: dict[str, str | None] = {}
-        if commit_sent and cf.fid is not None:
+        if unknown and cf.fid is not None:
             keys[cf.key] = str(cf.fid)
         obj = self.names.object_key(cf.key, cf.base_key)
         if obj is not None:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 WINDOW_SECONDS = 600.0
 FIRST_LOOK_SECONDS = 0.5  # then each look waits 1.5 x longer, up to LONGEST_WAIT_SECONDS
 LONGEST_WAIT_SECONDS = 15.0
+LOOKS_AT_ONCE = 4  # HEADs in flight for all the watches (an rmtree after a crash: many)
 
 
 class LateWrites:
@@ -47,6 +48,7 @@ class LateWrites:
         # the mount has a file of its own at the key (created or written since it started)
         self.made_here = made_here
         self._nursery: trio.Nursery | None = None
+        self._looks = trio.CapacityLimiter(LOOKS_AT_ONCE)
 
     @staticmethod
     def until() -> float:
@@ -76,7 +78,8 @@ class LateWrites:
             await trio.sleep(wait)
             wait = min(wait * 1.5, LONGEST_WAIT_SECONDS)
             try:
-                info = await self.store.head(key, attempts=1)
+                async with self._looks:
+                    info = await self.store.head(key, attempts=1)
                 if info is None or info.metadata.get(META_WRITER) != tag:
                     continue
                 if self.made_here(key):  # (not deleted: that would lose it too)
