@@ -124,6 +124,15 @@ class CachedFile:
             self._upload_lock = trio.Lock()
         return self._upload_lock
 
+    def late_commit_tag(self, under_way: bool = False) -> str | None:
+        """The arg of a DELETE of the file's own key where a commit of it may land there
+        unrecorded (its outcome unknown, or one `under_way`): the fid, whose tag the
+        mount then watches that key for (latewrites); None once every commit was
+        answered."""
+        if (self.commit_unknown or under_way) and self.fid is not None:
+            return str(self.fid)
+        return None
+
     @property
     def pending(self) -> bool:
         """True while something of this file is not committed in S3."""

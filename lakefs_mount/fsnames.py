@@ -115,7 +115,7 @@ class NameOps(InodeOps):
             await self._unlink_behind_commit(cf)
         else:
             async with cf.commit_lock:
-                keys = self._objects_of(cf, cf.commit_unknown)
+                keys = self._objects_of(cf)
                 kept = None
                 if keys and cf.openers and cf.size and not self.cache.holds(cf, 0, cf.size):
                     kept = trio.Event()
@@ -128,15 +128,15 @@ class NameOps(InodeOps):
         if cf.openers == 0:
             self.cache.close_file(cf)
 
-    def _objects_of(self, cf: CachedFile, unknown: bool) -> dict[str, str | None]:
+    def _objects_of(self, cf: CachedFile, under_way: bool = False) -> dict[str, str | None]:
         """The keys where S3 may hold an object of the file, each with the arg of its
         DELETE: its committed object, and, where the outcome of a commit of it is not
-        known (`unknown`: under way, unanswered, or a killed daemon's), its own key, which
-        that commit may fill without the journal knowing; such a DELETE names the file
-        (its fid), and the mount watches for that commit landing after it (latewrites)."""
+        known (under way, unanswered, or a killed daemon's), its own key, which that
+        commit may fill without the journal knowing (`CachedFile.late_commit_tag`)."""
         keys: dict[str, str | None] = {}
-        if unknown and cf.fid is not None:
-            keys[cf.key] = str(cf.fid)
+        tag = cf.late_commit_tag(under_way)
+        if tag is not None:
+            keys[cf.key] = tag
         obj = self.names.object_key(cf.key, cf.base_key)
         if obj is not None:
             keys.setdefault(obj, None)
@@ -159,7 +159,7 @@ class NameOps(InodeOps):
         lands is deleted, and a new file of the name commits after them. Nothing orders
         that commit's request after them if the daemon dies or gives up on it: the
         DELETE of its key names the file, and the mount watches (latewrites)."""
-        await self._record_deletes(cf, self._objects_of(cf, True), cf.commit_lock)
+        await self._record_deletes(cf, self._objects_of(cf, under_way=True), cf.commit_lock)
         await self.cache.discard(cf, row_dropped=True)
 
     async def _keep_bytes(self, cf: CachedFile, kept: trio.Event) -> None:

@@ -60,9 +60,9 @@ class Renames:
                 obj = self.names.object_key(cf.key, cf.base_key)
                 if obj is not None:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey)
-                if cf.commit_unknown and obj != cf.key and cf.fid is not None:
-                    # a commit to the old name may have landed there unrecorded
-                    await self.names.record(DELETE, cf.key, arg=str(cf.fid))
+                tag = cf.late_commit_tag()  # a commit to the old name may land there
+                if tag is not None and obj != cf.key:
+                    await self.names.record(DELETE, cf.key, arg=tag)
             await self.cache.rekey(cf, new_key, cf.base_key)
         self.ns.move(inode, dst_parent, name)
         self.cache.demand.release(cf)  # a temporary has its final name
