@@ -42,6 +42,8 @@ class Chunk:
     sent_crc: int | None = None  # CRC-32C of what its UPLOADED part holds, where known
     verify: bool = False  # a passthrough writer may have changed it after its upload began:
     # the commit checks the part's CRC against the cache file before using it
+    reading: bool = False  # its upload holds a slot: it reads (or read) the cache file;
+    # before that, an UPLOADING part still waits and will read the bytes as they are then
     dirty_since: float | None = None  # trio time it became dirty (ChunkBook); None: clean
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import crc32c
 
 from lakefs_mount.cache.direct import read_pieces, read_through
+from lakefs_mount.s3.objectstore import FileSpan
 
 READ_PIECE = 1024 * 1024
 
@@ -77,6 +78,14 @@ class CachePartBody(io.RawIOBase):
         self._crc_pos += len(data)
         if self._crc_pos == self._length:
             self._crc_done = self._crc
+
+    def file_span(self) -> FileSpan | None:
+        """The body as a span of the cache file where it is read buffered: bytes written
+        with O_DIRECT are not in the page cache, and sendfile would read them from the
+        disk into it."""
+        if self._source.direct_fd is not None:
+            return None
+        return FileSpan(self._source.fd, self._start, self._length)
 
     def readable(self) -> bool:
         return True

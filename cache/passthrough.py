@@ -199,17 +199,18 @@ class Passthrough:
             await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
 
     def _parts_to_keep(self, cf: CachedFile) -> frozenset[int]:
-        """Streamed chunks that need no new upload now: those waiting for theirs (it will
-        read the cache file as it is now), and those whose upload began or ended before;
-        the commit checks the CRC-32C of these against the cache file (`Chunk.verify`)
-        and sends again any that changed. Waiting here for uploads in flight would hold
-        back the tail's upload and the commit."""
+        """Streamed chunks that need no new upload now: those waiting for theirs, also
+        for a slot (it will read the cache file as it is now), and those whose upload
+        began reading or ended before; the commit checks the CRC-32C of these against the
+        cache file (`Chunk.verify`) and sends again any that changed. Waiting here for
+        uploads in flight would hold back the tail's upload and the commit."""
         keep = set()
         for idx in cf.pt_streamed:
             ch = cf.chunks.get(idx)
             if ch is None or ch.state is ChunkState.CLEAN:
                 continue  # committed meanwhile and maybe written again: it goes up
-            ch.verify = ch.state is not ChunkState.DIRTY
+            ch.verify = ch.state is ChunkState.UPLOADED or (
+                ch.state is ChunkState.UPLOADING and ch.reading)
             keep.add(idx)
         return frozenset(keep)
 

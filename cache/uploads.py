@@ -168,9 +168,11 @@ class Uploads:
             return
         self.cache.set_state(cf, ch, idx, ChunkState.UPLOADING)
         ch.settled = trio.Event()
+        ch.reading = False
         gen = ch.gen
         try:
             async with self.slots.hold(cf, self.urgent(cf)):
+                ch.reading = True
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self.ensure(cf)

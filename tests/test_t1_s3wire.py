@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
+import crc32c
 import pytest
 import tlsproxy
 from botocore.auth import S3SigV4Auth
@@ -22,6 +23,8 @@ from botocore.credentials import Credentials
 from faultproxy import FaultProxy
 from tlsproxy import TlsProxy
 
+from lakefs_mount.cache.partbody import CachePartBody, UploadSource
+from lakefs_mount.s3.checksums import probe
 from lakefs_mount.s3.embedded import EmbeddedS3, free_port
 from lakefs_mount.s3.objectstore import AccessDenied, EndpointUnreachable, ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
@@ -34,6 +37,7 @@ from lakefs_mount.s3.wire import (
     sign,
 )
 
+MiB = 1024 * 1024
 UNSIGNED = Config(s3={"payload_signing_enabled": False})
 
 REQUESTS = [  # method, path, query, headers
@@ -245,3 +249,86 @@ def test_a_body_refused_midway_reports_the_refusal(s3_auth_server: EmbeddedS3) -
                 os.urandom(32 * 1024 * 1024), 1024 * 1024))
     finally:
         good.abort_multipart("k", upload_id)
+
+
+def _file_part(tmp_path, data: bytes) -> tuple[UploadSource, int]:
+    path = tmp_path / "cache-file"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDWR)
+    return UploadSource(fd, None), fd
+
+
+@pytest.fixture
+def checked(s3: S3ObjectStore) -> S3ObjectStore:
+    """The store after the mount's checksum probe: SeaweedFS checks a part's CRC-32C."""
+    assert probe(s3, "") is True
+    assert s3.parts_from_file
+    return s3
+
+
+@pytest.mark.parametrize("size,length", [(5 * MiB + 3, 5 * MiB + 3), (2 * MiB + 5, 3 * MiB)],
+                         ids=["whole-file", "past-its-end"])
+def test_a_part_of_a_cache_file_goes_by_sendfile_with_its_crc_first(
+        checked: S3ObjectStore, tmp_path, monkeypatch, size: int, length: int) -> None:
+    """Over plain HTTP to an endpoint that checks CRCs, the kernel sends a part's bytes
+    from the cache file (the daemon hashes them once, copies none into the socket); past
+    the file's end the part holds zeros, as a read gives them, and S3 takes the CRC."""
+    carried = []
+    real_sendfile = os.sendfile
+
+    def sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        sent = real_sendfile(out_fd, in_fd, offset, count)
+        carried.append(sent)
+        return sent
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    data = os.urandom(size)
+    source, fd = _file_part(tmp_path, data)
+    try:
+        upload_id = checked.create_multipart("sent", {}, checksum=True)
+        body = CachePartBody(source, 0, length)
+        etag = checked.upload_part("sent", upload_id, 1, body, True)  # type: ignore[arg-type]
+        expected = data + bytes(length - size)
+        checked.complete_multipart("sent", upload_id, [(1, etag)],
+                                   crcs=[crc32c.crc32c(expected)])
+    finally:
+        os.close(fd)
+    assert sum(carried) == min(size, length)
+    assert body.sent_crc == crc32c.crc32c(expected)
+    got = checked.get("sent")
+    assert got is not None and got[1] == expected
+
+
+class _ChangedAfterItsCrc(CachePartBody):
+    """A part whose cache file a passthrough writer changes right after its first pass
+    (the CRC for the header), before the kernel sends it."""
+
+    def __init__(self, source: UploadSource, length: int, fd: int, new: bytes) -> None:
+        super().__init__(source, 0, length)
+        self.fd, self.new, self.passes = fd, new, 0
+
+    def pieces(self) -> Iterator[memoryview]:
+        yield from super().pieces()
+        self.passes += 1
+        if self.passes == 1:
+            os.pwrite(self.fd, self.new, 0)
+
+
+def test_a_part_changed_between_its_crc_and_its_sending_is_refused_and_sent_again(
+        checked: S3ObjectStore, tmp_path) -> None:
+    """S3 refuses the bytes sendfile took from the changed file (BadDigest); the next
+    attempt hashes and sends what the file holds then, and the part's CRC says so."""
+    old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)
+    source, fd = _file_part(tmp_path, old)
+    try:
+        upload_id = checked.create_multipart("changed", {}, checksum=True)
+        body = _ChangedAfterItsCrc(source, len(old), fd, new)
+        etag = checked.upload_part("changed", upload_id, 1, body, True)  # type: ignore[arg-type]
+        checked.complete_multipart("changed", upload_id, [(1, etag)],
+                                   crcs=[crc32c.crc32c(new)])
+    finally:
+        os.close(fd)
+    assert body.passes == 2  # refused once, then hashed and sent anew
+    assert body.sent_crc == crc32c.crc32c(new)
+    got = checked.get("changed")
+    assert got is not None and got[1] == new

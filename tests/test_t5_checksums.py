@@ -36,9 +36,10 @@ from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.store import S3ObjectStore
 
 MiB = 1024 * 1024
-TRAILER = "crc32c (verified by S3, in an aws-chunked trailer)"
-HEADER = "crc32c (verified by S3, in a header)"  # (a server without keys: SeaweedFS
-# takes aws-chunked trailers only from a known key)
+# Over plain HTTP to an endpoint that checks, parts go with their CRC in a header, hashed
+# first and then sent from the cache file by sendfile, whether it takes aws-chunked
+# trailers (SeaweedFS does only from a known key) or not.
+SENDFILE = "crc32c (verified by S3, in a header; parts sent by sendfile)"
 
 
 def _client(endpoint_url: str):  # S3's own view, for what the mount cannot tell
@@ -82,17 +83,17 @@ def auth_setup(s3_auth_server, tmp_path, monkeypatch) -> Iterator[tuple]:
 
 
 def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(auth_setup) -> None:
-    """The proxy flips one byte in the 2nd UploadPart (its CRC in an aws-chunked
-    trailer) and in the small file's PutObject (in a header): SeaweedFS rejects both, the
+    """The proxy flips one byte in the 2nd UploadPart (its CRC in a header, its bytes
+    sent by sendfile) and in the small file's PutObject: SeaweedFS rejects both, the
     flusher sends them again, both objects end byte-identical with S3's CRC-32C of the
     whole object (FULL_OBJECT for the multipart one), status counts the retries and shows
     the checksum line, and the journal noted the committed objects' CRCs."""
     m, fault_proxy, s3, server = auth_setup
     status = _wait_probed(m)
-    assert status["checksums"] == TRAILER, status["checksums"]
-    assert f"upload checksums: {TRAILER}" in m.log_tail(), m.log_tail()
+    assert status["checksums"] == SENDFILE, status["checksums"]
+    assert f"upload checksums: {SENDFILE}" in m.log_tail(), m.log_tail()
     text = cli("status", str(m.path), check=True).stdout
-    assert any(line.strip().startswith("checksums") and line.endswith(TRAILER)
+    assert any(line.strip().startswith("checksums") and line.endswith(SENDFILE)
                for line in text.splitlines()), text
     before = m.status()["retries"]
 
@@ -152,11 +153,9 @@ def test_part_crcs_survive_a_crash_and_complete_the_upload_with_s3s_checksum(
         mount_factory, s3, s3_server) -> None:
     """Parts streamed while the file is still open note their CRC in the journal; kill -9,
     remount: the kept parts complete the checksummed upload (S3 requires every part's
-    CRC), and the object carries the whole object's CRC-32C. (This server takes no
-    aws-chunked trailer from an unknown key: the parts' CRCs go in a header, hashed in a
-    first pass.)"""
+    CRC), and the object carries the whole object's CRC-32C."""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == HEADER
+    assert _wait_probed(m)["checksums"] == SENDFILE
     data = os.urandom(20 * MiB + 999)
     journal = m.cache_dir / "journal.db"
     f = open(m.path / "ckpt.bin", "wb", buffering=0)  # noqa: SIM115 (open across the crash)
@@ -250,7 +249,7 @@ def test_verify_takes_s3s_stored_checksums_and_reads_back_only_what_has_none(
     without a CRC-32C (boto3's default is CRC32, or none) is read back and hashed: a
     changed byte is still found."""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == HEADER
+    assert _wait_probed(m)["checksums"] == SENDFILE
     (m.path / "ck").mkdir()
     big, small = os.urandom(20 * MiB + 5), os.urandom(4096)
     (m.path / "ck" / "model.bin").write_bytes(big)
@@ -305,9 +304,9 @@ def _cmdlines() -> str:
     return "\n".join(found)
 
 
-def test_an_embedded_mount_keys_its_server_and_sends_parts_with_a_trailer(tmp_path) -> None:
+def test_an_embedded_mount_keys_its_server_and_sends_checked_parts(tmp_path) -> None:
     """Without a SOURCE the mount starts SeaweedFS with a key generated for this start
-    (in weed's environment only): the probe finds trailers taken, a multipart file lands
+    (in weed's environment only): the probe finds checksums checked, a multipart file lands
     byte-identical with S3's CRC-32C, a request without the key is refused, `verify
     s3://...` reaches the server through the 0600 credentials file, and the secret is in
     no log, no status and no process's command line; the file goes with the server."""
@@ -316,7 +315,7 @@ def test_an_embedded_mount_keys_its_server_and_sends_parts_with_a_trailer(tmp_pa
     try:
         m.start()
         status = _wait_probed(m)
-        assert status["checksums"] == TRAILER, status["checksums"] + m.log_tail()
+        assert status["checksums"] == SENDFILE, status["checksums"] + m.log_tail()
         text = cli("status", str(m.path), check=True).stdout
         creds = state / "credentials"
         assert stat.S_IMODE(creds.stat().st_mode) == 0o600
@@ -371,7 +370,7 @@ def test_a_corrupted_manifest_and_index_are_refused_by_s3_and_sent_again(
     refuses both, the mount sends them again, and both land as written."""
     fault_proxy.parse_requests = True  # before the mount: every connection is parsed
     m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
-    assert _wait_probed(m)["checksums"] == HEADER
+    assert _wait_probed(m)["checksums"] == SENDFILE
     fault_proxy.corrupt_body(INDEX_FOLDER)
     (m.path / "ck").mkdir()
     data = os.urandom(100_000)

@@ -84,6 +84,12 @@ class LeanTransport:
         self._origin = origin  # last: threads that see it see the rest too
 
     @property
+    def plain(self) -> bool:
+        """Whether requests go out on wire's plain TCP connections (no TLS), which can
+        send a body by sendfile."""
+        return self.direct and self._wire is not None and self._wire.plain
+
+    @property
     def direct(self) -> bool:
         """Whether requests go out on wire's connections (no proxy, no client
         certificate), which take a PiecewiseBody."""
@@ -93,10 +99,11 @@ class LeanTransport:
 
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
              body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None,
-             timeout: float | None = None) -> Any:
+             timeout: float | None = None, from_file: bool = False) -> Any:
         """One signed request; raises ErrorReply for non-2xx, WireError for a failed
         connection or one that took longer than `timeout` (`timeouts.small()` if None;
-        an answer's body gets time for its bytes on top).
+        an answer's body gets time for its bytes on top). `from_file`: a body with a
+        `file_span` may go by sendfile (`WirePool.request`).
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
             raise bce.NoCredentialsError()
@@ -106,7 +113,8 @@ class LeanTransport:
         if query:  # SigV4 signs the query string as sent: escape it the way it wants
             target += "?" + canonical_query(query)
         response = self._send_once(method, target, headers or {}, body,
-                                   self.timeouts.small() if timeout is None else timeout)
+                                   self.timeouts.small() if timeout is None else timeout,
+                                   from_file)
         if response.status_code < 300:
             return response
         content = b"" if method == "HEAD" else response.raw.read()
@@ -115,7 +123,7 @@ class LeanTransport:
                                response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
-                   body: bytes | PiecewiseBody, timeout: float) -> Any:
+                   body: bytes | PiecewiseBody, timeout: float, from_file: bool) -> Any:
         frozen = self._credentials.get_frozen_credentials()
         if self._wire is None:
             assert isinstance(body, bytes) and self._http is not None
@@ -129,7 +137,7 @@ class LeanTransport:
                       Keys(frozen.access_key, frozen.secret_key, frozen.token),
                       self._region)
         return self._wire.request(method, target, signed, body, timeout=timeout,
-                                  per_byte=self.timeouts.per_byte())
+                                  per_byte=self.timeouts.per_byte(), from_file=from_file)
 
 
 def listing_pages(lean: LeanTransport, prefix: str, delimiter: str | None

@@ -83,12 +83,24 @@ class PendingUpload:
     upload_id: str
 
 
+@dataclass(frozen=True)
+class FileSpan:
+    """Bytes [offset, offset + length) of a file open at `fd`: a body the kernel can send
+    from the page cache itself (sendfile), never copied into the daemon. Past the
+    file's end the body holds zeros."""
+    fd: int
+    offset: int
+    length: int
+
+
 class PiecewiseBody(Protocol):
     """A part body a store may send in the pieces it yields instead of reading it into
     one bytes object (a 16 MiB part then costs no 16 MiB of memory and no extra copies).
     Each piece is valid only until the next is taken. A body that also offers `sent_crc`
     (the CRC-32C of what its last complete pass yielded) is not hashed again to send it
-    with its checksum."""
+    with its checksum; one that offers `file_span()` (a FileSpan, or None) may be sent
+    from that file by the kernel once its checksum is in the request's header, where
+    the endpoint checks it: bytes changed since that pass are then refused (BadDigest)."""
 
     def __len__(self) -> int: ...
 

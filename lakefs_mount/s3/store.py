@@ -158,6 +158,16 @@ class S3ObjectStore:
         # The endpoint takes a part's CRC-32C as an aws-chunked trailer and checks it
         # (s3/checksums probes it): parts are then read once, not hashed first.
         self.trailing_checksums = False
+        # It checks a part's CRC-32C in the header (s3/checksums probes it): on a plain
+        # TCP connection a part whose CRC is taken first (a read, a hash) then goes from
+        # the cache file by sendfile, cheaper than a trailer (a read, a hash, a copy
+        # into the socket): bytes changed in between are refused (BadDigest).
+        self.checked_checksums = False
+
+    @property
+    def parts_from_file(self) -> bool:
+        """Parts that offer a `file_span` go by sendfile (see `checked_checksums`)."""
+        return self.checked_checksums and self._lean.plain
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self.bucket!r}, endpoint={self._where!r})"
@@ -266,12 +276,13 @@ class S3ObjectStore:
                               body if trailed is None else trailed)
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
-                  body: bytes | PiecewiseBody, query: dict[str, str] | None = None) -> str:
+                  body: bytes | PiecewiseBody, query: dict[str, str] | None = None,
+                  from_file: bool = False) -> str:
         """A PUT the lean path sends (an object, a part), given time for its bytes;
-        returns the ETag."""
+        returns the ETag. `from_file`: the body may go by sendfile (`FileSpan`)."""
         with self._errors(op, key):
             response = self._lean.send(op, "PUT", key, headers, body, query,
-                                       self.timeouts.transfer(len(body)))
+                                       self.timeouts.transfer(len(body)), from_file)
             b"".join(read_body(response))
         return strip_etag(response.headers.get("ETag"))
 
@@ -366,7 +377,9 @@ class S3ObjectStore:
                     body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
         query = {"partNumber": str(part_number), "uploadId": upload_id}
         piecewise = hasattr(body, "pieces") and self._lean.direct
-        if piecewise and checksum and self.trailing_checksums:
+        from_file = (piecewise and checksum and self.parts_from_file
+                     and getattr(body, "file_span", lambda: None)() is not None)
+        if piecewise and checksum and self.trailing_checksums and not from_file:
             trailed = TrailedBody(body)  # type: ignore[arg-type]
             return self._lean_put("UploadPart", key, trailed.headers, trailed, query)
         crc = _crc_first(body) if checksum else None  # (the header goes before the body)
@@ -375,7 +388,7 @@ class S3ObjectStore:
             # which takes 16 KiB at a time, each sliced from a copy
             headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
             return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
-                                  query)
+                                  query, from_file=from_file)
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
         extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
+import os
+import select
 import ssl
 import threading
 import time
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import quote, urlsplit
 
-from lakefs_mount.s3.objectstore import PiecewiseBody
+from lakefs_mount.s3.objectstore import FileSpan, PiecewiseBody
 
 __all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
            "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",
@@ -127,6 +129,38 @@ def _within(conn: http.client.HTTPConnection, deadline: float) -> None:
         conn.sock.settimeout(left)
 
 
+_ZEROS = bytes(1024 * 1024)
+
+
+def _send_span(conn: http.client.HTTPConnection, span: FileSpan, deadline: float) -> None:
+    """The span's bytes from its file by sendfile: the kernel hands the page cache's
+    pages to the socket, so the daemon neither reads nor copies them. Past the file's
+    end (truncated since its CRC was taken), zeros, as `read_pieces` gives them: the
+    request keeps its length and S3 refuses the CRC."""
+    assert conn.sock is not None
+    fileno = conn.sock.fileno()
+    offset, left = span.offset, span.length
+    while left:
+        try:
+            sent = os.sendfile(fileno, span.fd, offset, left)
+        except BlockingIOError:  # (a socket with a timeout is non-blocking underneath)
+            wait = deadline - time.monotonic()
+            writable = select.poll()
+            writable.register(fileno, select.POLLOUT)
+            if wait <= 0 or not writable.poll(wait * 1000):
+                raise TimeoutError from None
+            continue
+        if not sent:
+            break  # the end of the file
+        offset += sent
+        left -= sent
+    while left:
+        _within(conn, deadline)
+        n = min(left, len(_ZEROS))
+        conn.send(memoryview(_ZEROS)[:n])
+        left -= n
+
+
 class WireResponse:
     """Status, headers and a body read in pieces; `release_conn` gives the connection
     back to the pool once the body was read to its end, `close` drops it. Reading the
@@ -200,9 +234,14 @@ class WirePool:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
+    @property
+    def plain(self) -> bool:
+        """Plain TCP (http), where the kernel can send a file's bytes (sendfile)."""
+        return self._tls is None
+
     def request(self, method: str, target: str, headers: dict[str, str],
                 body: bytes | PiecewiseBody = b"", *, timeout: float | None = None,
-                per_byte: float = 0.0) -> WireResponse:
+                per_byte: float = 0.0, from_file: bool = False) -> WireResponse:
         """Send one request (`target`: path and query, as signed) and read the status
         line and headers. A kept-alive connection that the server closed meanwhile is
         dropped and the request goes out on the next (at last a new one); every other
@@ -211,7 +250,9 @@ class WirePool:
         request is). The whole request, its body sent and the answer's body read, must
         be done within `timeout` seconds (the pool's read timeout if None), and
         `per_byte` more for each byte of an answer's body of known length
-        (`timeouts`): otherwise ReadTimedOut (ConnectTimedOut while connecting)."""
+        (`timeouts`): otherwise ReadTimedOut (ConnectTimedOut while connecting).
+        `from_file`: a body that offers a `file_span` goes by sendfile on a plain TCP
+        connection (TLS needs the bytes in the daemon)."""
         seconds = self._read_timeout if timeout is None else timeout
         deadline = time.monotonic() + seconds
         while True:
@@ -219,7 +260,7 @@ class WirePool:
             try:
                 _within(conn, deadline)
                 try:
-                    self._send(conn, method, target, headers, body, deadline)
+                    self._send(conn, method, target, headers, body, deadline, from_file)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the server may have answered before it closed: read that (as
                     # urllib3 does), e.g. a refusal while a body was still on its way
@@ -243,8 +284,8 @@ class WirePool:
 
     @staticmethod
     def _send(conn: http.client.HTTPConnection, method: str, target: str,
-              headers: dict[str, str], body: bytes | PiecewiseBody, deadline: float
-              ) -> None:
+              headers: dict[str, str], body: bytes | PiecewiseBody, deadline: float,
+              from_file: bool = False) -> None:
         if isinstance(body, bytes):  # (sendall: the socket's timeout bounds all of it)
             conn.request(method, target, body if body or method in ("PUT", "POST") else None,
                          headers)
@@ -254,6 +295,11 @@ class WirePool:
             conn.putheader(name, value)
         conn.putheader("Content-Length", str(len(body)))
         conn.endheaders()
+        span = body.file_span() if from_file and hasattr(body, "file_span") else None
+        if span is not None and conn.sock is not None \
+                and not isinstance(conn.sock, ssl.SSLSocket):
+            _send_span(conn, span, deadline)
+            return
         for piece in body.pieces():
             _within(conn, deadline)
             conn.send(piece)
