@@ -3,9 +3,10 @@
 The uploading thread reads the cache file itself (`UploadSource`, see
 `CacheManager.part_reader`): a hop into the trio loop per MiB cost the daemon a large
 share of its upload CPU. The S3 store sends its `pieces` as they are read into the
-thread's aligned buffer; boto3 reads it instead (16 KiB at a time, each sliced out of a
-copy), maybe twice (payload hash, then send), seeking back in between, so it supports
-seek and tell (benchmarks/README.md, "Figures behind the design").
+thread's aligned buffer, or, once they are hashed, hands the kernel its `file_span` to
+send (sendfile); boto3 reads it instead (16 KiB at a time, each sliced out of a copy),
+maybe twice (payload hash, then send), seeking back in between, so it supports seek and
+tell (benchmarks/README.md, "Figures behind the design").
 """
 
 from __future__ import annotations
