@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import ckpt_report
+from benchmarks import ckpt_report, guestmem
 from benchmarks.ckpt_ranks import DataError, serve
 from benchmarks.suite import machine, s3_config
 from benchmarks.targets import (
@@ -557,14 +557,18 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(a)
     started = time.monotonic()
     fatal = ""
-    try:
-        bench.start()
-        bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))
-    except (Exception, KeyboardInterrupt) as exc:
-        traceback.print_exc()
-        fatal = f"{'DATA ERROR' if isinstance(exc, DataError) else type(exc).__name__}: {exc}"
-    finally:
-        bench.stop()
+    with guestmem.kept_backed(touch=not a.quick) as note:
+        if note:
+            bench.notes.append(note)
+        try:
+            bench.start()
+            bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))
+        except (Exception, KeyboardInterrupt) as exc:
+            traceback.print_exc()
+            fatal = (f"{'DATA ERROR' if isinstance(exc, DataError) else type(exc).__name__}"
+                     f": {exc}")
+        finally:
+            bench.stop()
     rounds = max((len(runs) for w in bench.rows.values() for runs in w.values()), default=0)
     results = write_results(bench, started, rounds, fatal)
     return 0 if results["ok"] else 1
