@@ -17,7 +17,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.httpsession import URLLib3Session, get_cert_path
 from botocore.utils import get_environ_proxies
 
-from lakefs_mount.s3.objectstore import ObjectInfo, PiecewiseBody
+from lakefs_mount.s3.objectstore import FileSpan, ObjectInfo, PiecewiseBody
 from lakefs_mount.s3.replies import ErrorReply, parse_listing_page, read_body
 from lakefs_mount.s3.timeouts import RequestTimeouts
 from lakefs_mount.s3.wire import Keys, WirePool, canonical_query, sign
@@ -99,11 +99,11 @@ class LeanTransport:
 
     def send(self, op: str, method: str, key: str, headers: dict[str, str] | None = None,
              body: bytes | PiecewiseBody = b"", query: dict[str, str] | None = None,
-             timeout: float | None = None, from_file: bool = False) -> Any:
+             timeout: float | None = None, span: FileSpan | None = None) -> Any:
         """One signed request; raises ErrorReply for non-2xx, WireError for a failed
         connection or one that took longer than `timeout` (`timeouts.small()` if None;
-        an answer's body gets time for its bytes on top). `from_file`: a body with a
-        `file_span` may go by sendfile (`WirePool.request`).
+        an answer's body gets time for its bytes on top). `span`: the body's bytes
+        for the kernel to send from their file (`WirePool.request`).
         The response has `status_code`, `headers` and the body stream as `raw`."""
         if self._credentials is None:
             raise bce.NoCredentialsError()
@@ -114,7 +114,7 @@ class LeanTransport:
             target += "?" + canonical_query(query)
         response = self._send_once(method, target, headers or {}, body,
                                    self.timeouts.small() if timeout is None else timeout,
-                                   from_file)
+                                   span)
         if response.status_code < 300:
             return response
         content = b"" if method == "HEAD" else response.raw.read()
@@ -123,7 +123,7 @@ class LeanTransport:
                                response.headers.get("x-amz-bucket-region"))
 
     def _send_once(self, method: str, target: str, headers: dict[str, str],
-                   body: bytes | PiecewiseBody, timeout: float, from_file: bool) -> Any:
+                   body: bytes | PiecewiseBody, timeout: float, span: FileSpan | None) -> Any:
         frozen = self._credentials.get_frozen_credentials()
         if self._wire is None:
             assert isinstance(body, bytes) and self._http is not None
@@ -137,7 +137,7 @@ class LeanTransport:
                       Keys(frozen.access_key, frozen.secret_key, frozen.token),
                       self._region)
         return self._wire.request(method, target, signed, body, timeout=timeout,
-                                  per_byte=self.timeouts.per_byte(), from_file=from_file)
+                                  per_byte=self.timeouts.per_byte(), span=span)
 
 
 def listing_pages(lean: LeanTransport, prefix: str, delimiter: str | None

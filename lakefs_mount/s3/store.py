@@ -23,6 +23,7 @@ from lakefs_mount.s3.failures import Failures
 from lakefs_mount.s3.lean import LeanTransport, listing_pages
 from lakefs_mount.s3.objectstore import (
     AccessDenied,
+    FileSpan,
     Listing,
     NoSuchKey,
     NoSuchUpload,
@@ -277,12 +278,12 @@ class S3ObjectStore:
 
     def _lean_put(self, op: str, key: str, headers: dict[str, str],
                   body: bytes | PiecewiseBody, query: dict[str, str] | None = None,
-                  from_file: bool = False) -> str:
+                  span: FileSpan | None = None) -> str:
         """A PUT the lean path sends (an object, a part), given time for its bytes;
-        returns the ETag. `from_file`: the body may go by sendfile (`FileSpan`)."""
+        returns the ETag. `span`: where the kernel sends the body from (sendfile)."""
         with self._errors(op, key):
             response = self._lean.send(op, "PUT", key, headers, body, query,
-                                       self.timeouts.transfer(len(body)), from_file)
+                                       self.timeouts.transfer(len(body)), span)
             b"".join(read_body(response))
         return strip_etag(response.headers.get("ETag"))
 
@@ -377,18 +378,19 @@ class S3ObjectStore:
                     body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
         query = {"partNumber": str(part_number), "uploadId": upload_id}
         piecewise = hasattr(body, "pieces") and self._lean.direct
-        from_file = (piecewise and checksum and self.parts_from_file
-                     and getattr(body, "file_span", lambda: None)() is not None)
-        if piecewise and checksum and self.trailing_checksums and not from_file:
+        offers = piecewise and checksum and self.parts_from_file and hasattr(body, "file_span")
+        span: FileSpan | None = body.file_span() if offers else None  # type: ignore[union-attr]
+        if piecewise and checksum and self.trailing_checksums and span is None:
             trailed = TrailedBody(body)  # type: ignore[arg-type]
             return self._lean_put("UploadPart", key, trailed.headers, trailed, query)
         crc = _crc_first(body) if checksum else None  # (the header goes before the body)
         if piecewise:
-            # piece by piece as the body reads them: a fraction of the CPU of botocore,
-            # which takes 16 KiB at a time, each sliced from a copy
+            # by the kernel from the span, or piece by piece as the body reads them: a
+            # fraction of the CPU of botocore, which takes 16 KiB at a time, each sliced
+            # from a copy
             headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
             return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
-                                  query, from_file=from_file)
+                                  query, span)
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
         extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}

@@ -241,7 +241,7 @@ class WirePool:
 
     def request(self, method: str, target: str, headers: dict[str, str],
                 body: bytes | PiecewiseBody = b"", *, timeout: float | None = None,
-                per_byte: float = 0.0, from_file: bool = False) -> WireResponse:
+                per_byte: float = 0.0, span: FileSpan | None = None) -> WireResponse:
         """Send one request (`target`: path and query, as signed) and read the status
         line and headers. A kept-alive connection that the server closed meanwhile is
         dropped and the request goes out on the next (at last a new one); every other
@@ -251,8 +251,8 @@ class WirePool:
         be done within `timeout` seconds (the pool's read timeout if None), and
         `per_byte` more for each byte of an answer's body of known length
         (`timeouts`): otherwise ReadTimedOut (ConnectTimedOut while connecting).
-        `from_file`: a body that offers a `file_span` goes by sendfile on a plain TCP
-        connection (TLS needs the bytes in the daemon)."""
+        `span`: the body's bytes in a file, which the kernel sends (sendfile) on a plain
+        TCP connection (TLS needs the bytes in the daemon: the body's pieces go then)."""
         seconds = self._read_timeout if timeout is None else timeout
         deadline = time.monotonic() + seconds
         while True:
@@ -260,7 +260,7 @@ class WirePool:
             try:
                 _within(conn, deadline)
                 try:
-                    self._send(conn, method, target, headers, body, deadline, from_file)
+                    self._send(conn, method, target, headers, body, deadline, span)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the server may have answered before it closed: read that (as
                     # urllib3 does), e.g. a refusal while a body was still on its way
@@ -285,7 +285,7 @@ class WirePool:
     @staticmethod
     def _send(conn: http.client.HTTPConnection, method: str, target: str,
               headers: dict[str, str], body: bytes | PiecewiseBody, deadline: float,
-              from_file: bool = False) -> None:
+              span: FileSpan | None = None) -> None:
         if isinstance(body, bytes):  # (sendall: the socket's timeout bounds all of it)
             conn.request(method, target, body if body or method in ("PUT", "POST") else None,
                          headers)
@@ -295,7 +295,6 @@ class WirePool:
             conn.putheader(name, value)
         conn.putheader("Content-Length", str(len(body)))
         conn.endheaders()
-        span = body.file_span() if from_file and hasattr(body, "file_span") else None
         if span is not None and conn.sock is not None \
                 and not isinstance(conn.sock, ssl.SSLSocket):
             _send_span(conn, span, deadline)
