@@ -33,6 +33,7 @@ READ_REQUESTS = "read_requests"
 WRITE_REQUESTS = "write_requests"
 TEMPORARIES_HELD = "temporaries_held"
 LATE_COMMITS_UNDONE = "late_commits_undone"
+STREAMING_HELD = "streaming_held"
 
 # Every counter with what it counts: the help text of its Prometheus counter.
 COUNTERS: dict[str, str] = {
@@ -59,6 +60,8 @@ COUNTERS: dict[str, str] = {
     INDEX_WRITES: "PUTs of this mount's attribute indexes.",
     PAGE_CACHE_FILLS: "Small files handed to the kernel with their open.",
     PASSTHROUGH_OPENS: "Opens the kernel serves from the cache file itself.",
+    STREAMING_HELD: ("Looks at passthrough writers that left their parts for later, since"
+                     " the writers kept every core busy."),
     READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
     TEMPORARIES_HELD: "Files made as mkstemp makes one, whose parts waited for their final name.",

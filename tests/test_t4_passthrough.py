@@ -77,6 +77,30 @@ def test_parts_go_up_while_the_writer_still_writes_and_only_once(pt, s3):
     assert pt.counters()["parts_uploaded"] == 6  # each part once
 
 
+def test_writers_that_keep_every_core_busy_leave_their_parts_for_later(mount_factory, s3,
+                                                                      monkeypatch):
+    """Streaming needs CPU, and the writers come first: while the passthrough writers alone
+    keep every core busy, no part goes up (here the daemon counts on one core, and one
+    writer at 160 MiB/s keeps it busy); once the writer pauses, the parts go up while the
+    file is still open."""
+    monkeypatch.setenv("LAKEFS_MOUNT_TEST_CORES", "1")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
+    monkeypatch.delenv("LAKEFS_MOUNT_TEST_CORES")
+    pieces = [random.randbytes(8 * MiB) for _ in range(24)]
+    with open(m.path / "busy.bin", "wb", buffering=0) as f:
+        began = time.monotonic()
+        for i, piece in enumerate(pieces):  # 8 MiB every 50 ms
+            f.write(piece)
+            time.sleep(max(0.0, began + (i + 1) * 0.05 - time.monotonic()))
+        held = m.counters()
+        assert held.get("parts_uploaded", 0) == 0
+        assert held.get("streaming_held", 0) > 0
+        assert wait_for(lambda: m.counters().get("parts_uploaded", 0) >= 20, 30)
+    flushed(m)
+    assert body(s3, "busy.bin") == b"".join(pieces)
+    assert m.counters()["parts_uploaded"] == 24  # each part once
+
+
 def test_a_file_whose_size_was_set_first_streams_only_what_was_written(pt, s3):
     """safetensors sets the size first (ftruncate) and fills the file from the start:
     the watcher took every chunk behind the size for written, streamed zeros, and sent
