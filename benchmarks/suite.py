@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
+from benchmarks import guestmem, report
 from benchmarks.targets import (
     JuiceFSTarget,
     LakefsTarget,
@@ -969,7 +969,10 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(a)
     crashed = False
     try:
-        results = suite.run()
+        with guestmem.kept_backed(touch=not a.quick) as note:
+            if note:
+                suite.notes.append(note)
+            results = suite.run()
     except DataError as exc:
         print(f"DATA ERROR: {exc}", file=sys.stderr)
         results = suite._results(0)
