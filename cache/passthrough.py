@@ -25,9 +25,11 @@ Streaming needs CPU (the CRC pass, the send), and so does the S3 server where it
 the machine. While the writers alone keep every core busy (as many writing at least
 BUSY_WRITER bytes a second as the daemon has cores: DCP's four threads on two cores),
 streaming would only slow them down, so their parts wait until the cores are free again
-or the files are closed. On this project's 2-core VM a DCP save took 0.86-0.93 s through
-a mount that did not stream, as on the local disk, and 1.3-1.8 s through one that did
-(benchmarks/README.md, "Writers first").
+or the files are closed (`WritersFirst`); for HOLD_AT_MOST seconds at most, so that
+the bytes that only the cache holds stay bounded when the writers go on. On this
+project's 2-core VM a DCP save took 0.86-0.93 s through a mount that did not stream, as
+on the local disk, and 1.3-1.8 s through one that did (benchmarks/README.md, "Writers
+first").
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
 BUSY_WRITER = 64 << 20  # bytes a second: a writer at least this fast keeps a core busy
 CALM_AFTER = 0.3  # seconds the cores stay free before streaming goes on again
+HOLD_AT_MOST = 5.0  # seconds of busy writers after which streaming goes on all the same
 # tests: the cores the daemon counts on instead of its CPU affinity
 TEST_CORES = int(os.environ.get("LAKEFS_MOUNT_TEST_CORES", "0"))
 # tests: seconds a last close's take-over of the chunk map waits before it starts
@@ -64,7 +67,7 @@ class Passthrough:
         self.writing: set[CachedFile] = set()  # files with passthrough writers
         self.cores = TEST_CORES or len(os.sched_getaffinity(0))
         self._blocks: weakref.WeakKeyDictionary[CachedFile, int] = weakref.WeakKeyDictionary()
-        self._held_until = 0.0  # (trio time) streaming waits for the cores until then
+        self._first = WritersFirst()
         # one look at a file at a time: the watcher's hand-over of chunks and `sync`
         self._looking: weakref.WeakKeyDictionary[CachedFile, trio.Lock] = (
             weakref.WeakKeyDictionary())
@@ -75,10 +78,9 @@ class Passthrough:
         while True:
             await trio.sleep(WATCH_EVERY)
             now = trio.current_time()
-            if self._cores_busy(now - looked):
-                self._held_until = now + CALM_AFTER
+            held = self._first.holds(now, self._cores_busy(now - looked))
             looked = now
-            if now < self._held_until:
+            if held:
                 self.cache.metrics[m.STREAMING_HELD] += 1
                 continue
             for cf in list(self.writing):
@@ -278,6 +280,25 @@ class Passthrough:
         assert cf.fid is not None
         st = os.stat(self.cache.cache_path(cf.fid))
         return st.st_size, st.st_mtime_ns
+
+
+class WritersFirst:
+    """Whether streaming waits for the writers, look by look: while they keep every core
+    busy and CALM_AFTER seconds after, unless they have been busy for HOLD_AT_MOST."""
+
+    def __init__(self) -> None:
+        self._busy_since: float | None = None
+        self._held_until = 0.0
+
+    def holds(self, now: float, busy: bool) -> bool:
+        if not busy:
+            self._busy_since = None
+        else:
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since < HOLD_AT_MOST:
+                self._held_until = now + CALM_AFTER
+        return now < self._held_until
 
 
 def _written_up_to(path: os.PathLike[str], size: int) -> int:
