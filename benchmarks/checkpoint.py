@@ -557,9 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(a)
     started = time.monotonic()
     fatal = ""
-    with guestmem.kept_backed(touch=not a.quick) as note:
-        if note:
-            bench.notes.append(note)
+    with guestmem.kept_backed(bench.notes, touch=not a.quick):
         try:
             bench.start()
             bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))

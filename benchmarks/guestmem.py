@@ -34,17 +34,18 @@ def _available() -> int:
 
 
 @contextlib.contextmanager
-def kept_backed(touch: bool = True) -> Iterator[str | None]:
-    """Free page reporting off for the block (root only); yields a note for the results,
-    None where this kernel has no page reporting."""
+def kept_backed(notes: list[str], touch: bool = True) -> Iterator[None]:
+    """Free page reporting off for the block (root only); what was done goes to `notes`
+    (the results' notes), nothing where this kernel has no page reporting."""
     if not ORDER.exists():
-        yield None
+        yield
         return
     try:
         before = ORDER.read_text().strip()
         ORDER.write_text(f"{NEVER}\n")
     except OSError as exc:
-        yield f"free page reporting to the host left on ({exc}): expect noisy writes"
+        notes.append(f"free page reporting to the host left on ({exc}): expect noisy writes")
+        yield
         return
     try:
         note = f"free page reporting to the host off during the run (order {before} -> {NEVER})"
@@ -58,7 +59,8 @@ def kept_backed(touch: bool = True) -> Iterator[str | None]:
                 note += f"; {size >> 30} GiB touched first in {time.monotonic() - began:.0f} s"
             except OSError as exc:
                 note += f"; memory not touched first ({exc})"
-        yield note
+        notes.append(note)
+        yield
     finally:
         with contextlib.suppress(OSError):
             ORDER.write_text(f"{before}\n")

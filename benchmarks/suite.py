@@ -969,9 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(a)
     crashed = False
     try:
-        with guestmem.kept_backed(touch=not a.quick) as note:
-            if note:
-                suite.notes.append(note)
+        with guestmem.kept_backed(suite.notes, touch=not a.quick):
             results = suite.run()
     except DataError as exc:
         print(f"DATA ERROR: {exc}", file=sys.stderr)
