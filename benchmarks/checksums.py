@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.request_size import _cpu_seconds
+from benchmarks.cold_restore import _cpu_seconds
 from lakefs_mount.s3.checksums import OFF_VARIABLE
 from lakefs_mount.s3.embedded import EmbeddedS3
 

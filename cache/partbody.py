@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import crc32c
 
 from lakefs_mount.cache.direct import read_pieces, read_through
-from lakefs_mount.s3.objectstore import FileSpan
+from lakefs_mount.filespan import FileSpan
 
 READ_PIECE = 1024 * 1024
 

@@ -18,7 +18,9 @@ from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.direct import BUFFER_SIZE, AlignedBuffers, aligned, round_up
 from lakefs_mount.cache.fetcher import Fetcher
+from lakefs_mount.cache.pagecache import all_cached
 from lakefs_mount.cache.partbody import UploadSource, crc_of
+from lakefs_mount.filespan import FileSpan, SendSpan
 from lakefs_mount.uring import IoEngine
 
 T = TypeVar("T", bound=bytes | memoryview)
@@ -37,12 +39,24 @@ class Reader:
     async def read(self, cf: CachedFile, offset: int, size: int) -> bytes:
         return await self._read(cf, offset, size, self._read_cached)
 
-    async def read_lent(self, cf: CachedFile, offset: int, size: int) -> bytes | memoryview:
+    async def read_lent(self, cf: CachedFile, offset: int, size: int,
+                        send: SendSpan | None = None) -> bytes | memoryview:
         """`read` for a reply to the kernel: an aligned read of chunks stored with O_DIRECT
         skips the page cache too (see `direct`) and comes back as a read-only view of a
         reused buffer, which returns to the pool once that view is dropped. So the caller
-        hands the view on whole and keeps no slice of it."""
-        return await self._read(cf, offset, size, self._read_lent)
+        hands the view on whole and keeps no slice of it.
+
+        With `send` (a session that splices replies), a range the page cache holds whole
+        (a chunk just fetched, or written) goes to `send` as a span of the cache file,
+        while its chunks are pinned and the descriptor open: the kernel moves the bytes
+        and the daemon never reads them. `send` returns True once the reply went (the
+        result is then empty), False if it sent nothing (then they are read as above)."""
+        async def read_cached(cf: CachedFile, start: int, end: int) -> bytes | memoryview:
+            if send is not None and await self._sent(cf, start, end, send):
+                return b""
+            return await self._read_lent(cf, start, end)
+
+        return await self._read(cf, offset, size, read_cached)
 
     async def _read(self, cf: CachedFile, offset: int, size: int,
                     read_cached: Callable[[CachedFile, int, int], Awaitable[T]]) -> T | bytes:
@@ -76,6 +90,15 @@ class Reader:
         if len(data) < end - start:
             data += bytes(end - start - len(data))
         return data
+
+    async def _sent(self, cf: CachedFile, start: int, end: int, send: SendSpan) -> bool:
+        """Bytes [start, end) went by `send`; not tried for chunks stored with O_DIRECT
+        (read back the same way, they stay out of the page cache)."""
+        touched = self.parts.chunks_between(start, end)
+        if cf.all_direct(touched) and not any((cf, idx) in self.book.fresh for idx in touched):
+            return False
+        async with self.files.io(cf) as fd:
+            return all_cached(fd, start, end) and send(FileSpan(fd, start, end - start))
 
     async def _read_lent(self, cf: CachedFile, start: int, end: int) -> bytes | memoryview:
         """`_read_cached`, but an aligned range of up to BUFFER_SIZE in chunks that went to

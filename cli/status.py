@@ -29,6 +29,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("fuse_session", "FUSE session", str),
     ("passthrough", "passthrough", str),
     ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
+    ("spliced_reads", "spliced reads", str),
     ("checksums", "checksums", str),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
     ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),

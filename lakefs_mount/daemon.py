@@ -307,6 +307,7 @@ class Daemon:
             "passthrough": "on" if self.session.passthrough
             else f"off ({self.session.passthrough_reason})",
             "splice_writes": self.splice_writes,
+            "spliced_reads": self.session.spliced_reads,
             "dirty_bytes": cache.dirty_bytes,
             "oldest_dirty_s": cache.book.oldest_dirty_age(list(cache.files.values())),
             "max_dirty": cache.max_dirty,

@@ -23,6 +23,7 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.filespan import FileSpan, SendSpan
 from lakefs_mount.fserrors import FSError, s3_errors
 from lakefs_mount.fsinodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle
 from lakefs_mount.fsnames import NameOps
@@ -124,12 +125,22 @@ class FileSystem(NameOps):
         self._handles[fh] = Handle(inode, True, bool(flags & os.O_APPEND))
         return fh, self.attr(inode)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+    async def read(self, fh: int, offset: int, size: int,
+                   send: SendSpan | None = None) -> bytes | memoryview:
+        """The bytes to reply with; or, through `send` (see `Reader.read_lent`), none."""
         cf = self._handle(fh).inode.file
         assert cf is not None
-        self.cache.metrics[m.READ_REQUESTS] += 1
+        metrics = self.cache.metrics
+        metrics[m.READ_REQUESTS] += 1
+        counted: SendSpan | None = None
+        if send is not None:
+            def counted(span: FileSpan) -> bool:
+                if not send(span):
+                    return False
+                metrics[m.SPLICED_READS] += 1
+                return True
         async with s3_errors(f"reading {cf.key}"):
-            return await self.cache.read_lent(cf, offset, size)
+            return await self.cache.read_lent(cf, offset, size, counted)
 
     async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         handle = self._handle(fh)

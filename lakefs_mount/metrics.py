@@ -30,6 +30,7 @@ INDEX_WRITES = "index_writes"
 PAGE_CACHE_FILLS = "page_cache_fills"
 PASSTHROUGH_OPENS = "passthrough_opens"
 READ_REQUESTS = "read_requests"
+SPLICED_READS = "spliced_reads"
 WRITE_REQUESTS = "write_requests"
 TEMPORARIES_HELD = "temporaries_held"
 LATE_COMMITS_UNDONE = "late_commits_undone"
@@ -63,6 +64,7 @@ COUNTERS: dict[str, str] = {
     STREAMING_HELD: ("Looks at passthrough writers that left their parts for later, since"
                      " the writers kept every core busy."),
     READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
+    SPLICED_READS: "FUSE READs answered with the cache file's pages, spliced (no copy).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
     TEMPORARIES_HELD: "Files made as mkstemp makes one, whose parts waited for their final name.",
     LATE_COMMITS_UNDONE: "Objects a killed daemon's commit landed after the file's replayed "

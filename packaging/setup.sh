@@ -6,7 +6,8 @@
 # 1. Debian packages (only those missing): fuse3 (fusermount3), libfuse3-dev, pkg-config,
 #    gcc and libc6-dev (pyfuse3 is built from source: PyPI has no wheels for it),
 #    python3-venv, and python3-dev when the python3 on PATH is Debian's.
-# 2. /dev/fuse (loads the fuse module if needed).
+# 2. /dev/fuse (loads the fuse module if needed), and pipes of 2 MiB for spliced FUSE I/O
+#    (fs.pipe-max-size, raised now and in /etc/sysctl.d/60-lakefs-mount.conf, as root).
 # 3. A virtualenv, default /opt/lakefs-mount/venv (override: LAKEFS_MOUNT_VENV), made with
 #    the python3 on PATH (3.11 or newer), holding an editable install of this checkout
 #    with its test extras: `pip install -e "<repo>[test,frameworks]"`.
@@ -85,6 +86,25 @@ ensure_dev_fuse() {
 (modprobe fuse). On a VM or bare metal: install a kernel with FUSE (CONFIG_FUSE_FS) and \
 run 'modprobe fuse' as root. In a container: start it with '--device /dev/fuse \
 --cap-add SYS_ADMIN' (docker/podman)."
+}
+
+PIPE_BYTES=2097152  # a 1 MiB FUSE request or reply and its header, in one pipe
+SYSCTL_FILE=/etc/sysctl.d/60-lakefs-mount.conf
+
+ensure_pipe_size() {
+    # Spliced write requests (pyfuse3's libfuse) and read replies (the native session)
+    # need it when the daemon lacks CAP_SYS_RESOURCE, as root in most containers does.
+    local now
+    now=$(cat /proc/sys/fs/pipe-max-size 2>/dev/null || echo 0)
+    if (( now >= PIPE_BYTES )) || ! is_root; then
+        return
+    fi
+    say "raising fs.pipe-max-size from $now to $PIPE_BYTES (spliced FUSE I/O; $SYSCTL_FILE)"
+    if ! printf 'fs.pipe-max-size = %s\n' "$PIPE_BYTES" > "$SYSCTL_FILE" 2>/dev/null \
+            || ! echo "$PIPE_BYTES" > /proc/sys/fs/pipe-max-size 2>/dev/null; then
+        say "could not raise fs.pipe-max-size: FUSE replies are copied, not spliced \
+(lakefs-mount status shows it)"
+    fi
 }
 
 # ------------------------------------------------------------------ Python and the venv
@@ -191,6 +211,7 @@ link_command() {
 main() {
     install_debian_packages
     ensure_dev_fuse
+    ensure_pipe_size
     check_python
     ensure_venv
     install_project

@@ -1,6 +1,7 @@
-"""Spliced write requests (lakefs_mount/splice.py): `status` and the log say whether libfuse
-can splice them on this machine, libfuse does what they say, and the data is right either
-way. fs.pipe-max-size is set for each case and restored afterwards."""
+"""Spliced FUSE I/O: write requests under pyfuse3 (lakefs_mount/splice.py) and read replies
+under the native session (lakefs_mount/kernel/splicereply.py). `status` and the log say
+whether this machine allows them, the daemon does what they say, and the data is right
+either way. fs.pipe-max-size is set for each case and restored afterwards."""
 
 from __future__ import annotations
 
@@ -66,3 +67,29 @@ def test_status_says_whether_writes_are_spliced_and_data_lands_either_way(
     assert (PIPE_BYTES_NEEDED in _pipe_sizes(m.pid)) == spliced  # libfuse's own pipe
     assert m.flush().returncode == 0
     assert s3.get_range("ckpt", 0, len(data) + 1) == data
+
+
+@pytest.mark.parametrize("limit", [MiB, PIPE_BYTES_NEEDED])
+def test_cold_reads_are_spliced_where_a_pipe_holds_a_reply_and_right_either_way(
+        mount_factory, s3, pipe_max_size, limit):
+    pipe_max_size(limit)  # a 1 MiB read's reply needs a 2 MiB pipe (its header's page)
+    data = random.randbytes(20 * MiB + 12345)
+    s3.put("cold.bin", data, {})
+    m = mount_factory("--fuse-session", "native")
+    spliced = limit >= PIPE_BYTES_NEEDED or _has_cap_sys_resource()
+    assert (m.status()["spliced_reads"] == "on") == spliced
+    assert ("read replies are copied" in m.log_file.read_text()) == (not spliced)
+
+    with open(m.path / "cold.bin", "rb", buffering=0) as f:
+        got = b"".join(iter(lambda: f.read(MiB), b""))
+        assert got == data
+        for _ in range(10):  # again from the cache, the kernel's copy dropped each time
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            off, n = random.randrange(len(data)), random.randrange(1, 3 * MiB)
+            assert os.pread(f.fileno(), n, off) == data[off:off + n]
+    counters = m.counters()
+    assert counters["read_requests"] >= 20
+    if spliced:  # every read of chunks just fetched (the cold pass) went by splice
+        assert counters["spliced_reads"] >= 20
+    else:
+        assert "spliced_reads" not in counters

@@ -71,7 +71,7 @@ LAYERS = {"cli": 4, "filesystem": 3, "cache": 2, "s3": 1, "base": 0}
 
 def _layer(module: str) -> str:
     parts = module.split(".")[1:]
-    if not parts or parts[0] in ("metrics", "logsetup", "config", "uring"):
+    if not parts or parts[0] in ("metrics", "logsetup", "config", "filespan", "uring"):
         return "base"
     if parts[0] in ("cli", "cache", "s3"):
         return parts[0]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from lakefs_mount.filespan import FileSpan
 from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
 from lakefs_mount.fserrors import errno_of
 from lakefs_mount.kernel import device, wire
@@ -20,8 +21,15 @@ from lakefs_mount.kernel import device, wire
 if TYPE_CHECKING:
     from lakefs_mount.kernel.session import NativeSession, Request
 
-# A reply: an errno (0 = success without data), a payload, or payload pieces.
-Reply = int | bytes | memoryview | list[bytes | memoryview]
+
+
+class Sent:
+    """A reply that went already, as the handler served the request (a spliced read)."""
+
+
+SENT = Sent()
+# A reply: an errno (0 = success without data), a payload, payload pieces, or SENT.
+Reply = int | bytes | memoryview | list[bytes | memoryview] | Sent
 Handler = Callable[["Request"], Awaitable[Reply]]
 
 log = logging.getLogger(__name__)
@@ -277,8 +285,20 @@ class KernelOps:
         return [entry_out(attr), reply or wire.OPEN_OUT.pack(fh, 0, 0)]
 
     async def read(self, req: Request) -> Reply:
+        """The bytes, or SENT: the cache spliced them to the kernel itself (`SplicedReplies`)."""
         fh, offset, size, _ = wire.READ_IN.unpack_from(req.arg)
-        return await self.fs.read(fh, offset, size)
+        session = self.session
+        if session is None or session.spliced_replies is None:
+            return await self.fs.read(fh, offset, size)
+        sent = False
+
+        def send(span: FileSpan) -> bool:
+            nonlocal sent
+            sent = session.send_span(req.unique, span)
+            return sent
+
+        data = await self.fs.read(fh, offset, size, send)
+        return SENT if sent else data
 
     async def write(self, req: Request) -> Reply:
         fh, offset, size, *_ = wire.WRITE_IN.unpack_from(req.arg)

@@ -20,14 +20,16 @@ from pathlib import Path
 
 import trio
 
+from lakefs_mount.filespan import FileSpan
 from lakefs_mount.kernel import device, wire
-from lakefs_mount.kernel.ops import KernelOps, Reply
+from lakefs_mount.kernel.ops import SENT, KernelOps, Reply, Sent
+from lakefs_mount.kernel.splicereply import SplicedReplies
 
 log = logging.getLogger(__name__)
 
 # 1 MiB requests (capped by fs.fuse.max_pages_limit, read at start; it sizes the request
 # buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
-# (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/request_size.py measures it).
+# (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/cold_restore.py measures it).
 MAX_PAGES = 256
 # A user's mount keeps the kernel's 128 KiB read-ahead (raising it is root's, in sysfs);
 # under it, reads run faster as 128 KiB READs, several in flight, than as 1 MiB ones
@@ -90,6 +92,8 @@ class NativeSession:
         self.passthrough_reason = "not negotiated yet"
         self.proto_minor = 0
         self.max_read = self.max_write  # (a user's mount: USER_MAX_READ, see `mount`)
+        self.spliced_replies: SplicedReplies | None = None  # (made at `mount`)
+        self.spliced_reads = "not mounted yet"
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
@@ -110,6 +114,9 @@ class NativeSession:
                      "fusermount3, no passthrough); `auto` keeps it for a user's mount: as "
                      "fast as pyfuse3 through the daemon (benchmarks/nonroot_session.py), and "
                      "it answers interrupts", os.getuid())
+        self.spliced_replies, self.spliced_reads = SplicedReplies.open(self.max_read)
+        if self.spliced_replies is None:
+            log.info("read replies are copied, not spliced: %s", self.spliced_reads)
 
     async def serve(self) -> None:
         """Serve requests until the mount goes away (or `terminate`)."""
@@ -132,6 +139,9 @@ class NativeSession:
             except OSError as exc:
                 log.warning("%s", exc)
         self.ops.detach()
+        if self.spliced_replies is not None:
+            self.spliced_replies.close()
+            self.spliced_replies = None
         with self._fd_lock:
             os.close(self.fd)
             self.fd = -1
@@ -183,7 +193,7 @@ class NativeSession:
             req.data = None
             if buf is not None:
                 self._buffers.give_back(buf)
-        if req.opcode not in NO_REPLY:
+        if req.opcode not in NO_REPLY and reply is not SENT:
             self.reply(req.unique, reply)
 
     def _interrupt(self, req: Request) -> None:
@@ -206,6 +216,7 @@ class NativeSession:
 
     def reply(self, unique: int, reply: Reply) -> None:
         """Send a reply: an int is an errno (0: success with no data), else the payload."""
+        assert not isinstance(reply, Sent)
         if isinstance(reply, int):
             self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -reply, unique)])
             return
@@ -213,6 +224,11 @@ class NativeSession:
             else reply
         size = wire.OUT_HEADER.size + sum(len(p) for p in parts)
         self._write([wire.OUT_HEADER.pack(size, 0, unique), *parts])
+
+    def send_span(self, unique: int, span: FileSpan) -> bool:
+        """Reply with the bytes of `span`, spliced (see `SplicedReplies.send`)."""
+        assert self.spliced_replies is not None
+        return self.spliced_replies.send(self.fd, unique, span)
 
     async def notify_from_thread(self, code: wire.Notify,
                                  parts: list[bytes | memoryview]) -> bool:

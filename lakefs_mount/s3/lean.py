@@ -17,7 +17,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.httpsession import URLLib3Session, get_cert_path
 from botocore.utils import get_environ_proxies
 
-from lakefs_mount.s3.objectstore import FileSpan, ObjectInfo, PiecewiseBody
+from lakefs_mount.filespan import FileSpan
+from lakefs_mount.s3.objectstore import ObjectInfo, PiecewiseBody
 from lakefs_mount.s3.replies import ErrorReply, parse_listing_page, read_body
 from lakefs_mount.s3.timeouts import RequestTimeouts
 from lakefs_mount.s3.wire import Keys, WirePool, canonical_query, sign

@@ -83,16 +83,6 @@ class PendingUpload:
     upload_id: str
 
 
-@dataclass(frozen=True)
-class FileSpan:
-    """Bytes [offset, offset + length) of a file open at `fd`: a body the kernel can send
-    from the page cache itself (sendfile), never copied into the daemon. Past the
-    file's end the body holds zeros."""
-    fd: int
-    offset: int
-    length: int
-
-
 class PiecewiseBody(Protocol):
     """A part body a store may send in the pieces it yields instead of reading it into
     one bytes object (a 16 MiB part then costs no 16 MiB of memory and no extra copies).

@@ -18,12 +18,12 @@ import botocore.session
 import crc32c
 from botocore.config import Config
 
+from lakefs_mount.filespan import FileSpan
 from lakefs_mount.s3.crc import encode_crc
 from lakefs_mount.s3.failures import Failures
 from lakefs_mount.s3.lean import LeanTransport, listing_pages
 from lakefs_mount.s3.objectstore import (
     AccessDenied,
-    FileSpan,
     Listing,
     NoSuchKey,
     NoSuchUpload,

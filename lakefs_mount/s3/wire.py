@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import quote, urlsplit
 
-from lakefs_mount.s3.objectstore import FileSpan, PiecewiseBody
+from lakefs_mount.filespan import FileSpan
+from lakefs_mount.s3.objectstore import PiecewiseBody
 
 __all__ = ["Keys", "WireError", "ConnectFailed", "CertificateRefused", "ConnectTimedOut",
            "ReadTimedOut", "ConnectionLost", "WireResponse", "WirePool", "sign",
