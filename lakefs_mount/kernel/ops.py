@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from lakefs_mount.kernel.session import NativeSession, Request
 
 
-
 class Sent:
     """A reply that went already, as the handler served the request (a spliced read)."""
 
