@@ -24,9 +24,10 @@ import os
 
 from lakefs_mount.filespan import FileSpan
 from lakefs_mount.kernel import wire
-from lakefs_mount.splice import PIPE_MAX_SIZE
+from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
 log = logging.getLogger(__name__)
+
 
 class SplicedReplies:
     """One pipe, used by one reply at a time (a reply is made without a checkpoint)."""
@@ -45,7 +46,8 @@ class SplicedReplies:
                 return None, f"no pipe for them: {exc.strerror}"
             return None, (f"a pipe for a {max_read // 1024} KiB reply exceeds fs.pipe-max-size "
                           f"({_pipe_max_size()} bytes) for a process without CAP_SYS_RESOURCE; "
-                          f"`sysctl fs.pipe-max-size=2097152` enables them for the next mount")
+                          f"`sysctl fs.pipe-max-size={PIPE_BYTES_NEEDED}` enables them for the "
+                          f"next mount")
 
     def _new_pipe(self) -> tuple[int, int]:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
