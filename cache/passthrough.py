@@ -227,9 +227,22 @@ class Passthrough:
         map is done (before a commit or a truncate). The kernel answers close() before
         the daemon hears of it, so a flush could commit the file in between, with the
         size and chunks from before the writes (a small file went up empty), and return."""
-        if cf.pt_writers == 0 and (look := self._looking.get(cf)) is not None and look.locked():
-            async with look:
+        if self._settling(cf):
+            async with self._look(cf):
                 pass
+
+    def kernel_writes(self, cf: CachedFile) -> bool:
+        """Whether the cache file may hold writes the chunk map does not know yet: while
+        the kernel writes it, and until the last writer's take-over is done. The
+        attributes come from the cache file meanwhile (`refresh`): a stat right after
+        close() came in while the take-over waited for the watcher's hand-over, got the
+        size the watcher had seen in the middle of the writes, and the kernel kept it
+        (torch.save, then stat: 234 of 256 MiB)."""
+        return cf.pt_writers > 0 or self._settling(cf)
+
+    def _settling(self, cf: CachedFile) -> bool:
+        look = self._looking.get(cf)
+        return cf.pt_writers == 0 and look is not None and look.locked()
 
     async def _take_over(self, cf: CachedFile) -> None:
         if SLOW_TAKE_OVER and cf.pt_writers == 0:

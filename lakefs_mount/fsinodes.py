@@ -74,7 +74,7 @@ class InodeOps:
     # -- attributes -------------------------------------------------------------------
 
     def attr(self, inode: Inode) -> Attr:
-        if inode.file is not None and inode.file.pt_writers:
+        if inode.file is not None and self.cache.passthrough.kernel_writes(inode.file):
             self.cache.passthrough.refresh(inode.file)
         size = inode.size
         mtime = inode.mtime_ns

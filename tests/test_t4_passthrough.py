@@ -143,6 +143,26 @@ def test_a_flush_right_after_close_waits_for_what_the_daemon_learns_at_the_close
     assert m.counters()["passthrough_opens"] == 2
 
 
+def test_a_stat_right_after_close_gives_the_size_the_writer_left(mount_factory, s3,
+                                                                 monkeypatch):
+    """After the last close, the daemon takes the writes over; a stat that came in
+    meanwhile got the size the watcher had seen in the middle of the writes, and the
+    kernel kept it (torch.save of 256 MiB, then stat: 234 MiB). Here the take-over is
+    slowed, so the stat always comes in the middle of it."""
+    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
+    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    first, rest = random.randbytes(3 * MiB), random.randbytes(5 * MiB + 17)
+    with open(m.path / "model.pt", "wb", buffering=0) as f:
+        f.write(first)
+        time.sleep(0.5)  # the watcher sees the file 3 MiB long
+        f.write(rest)
+    time.sleep(0.5)  # the daemon has the release, and takes it over for 2 s
+    assert os.stat(m.path / "model.pt").st_size == len(first) + len(rest)
+    flushed(m)
+    assert body(s3, "model.pt") == first + rest
+
+
 def test_a_umount_right_after_close_commits_what_was_written(mount_factory, s3,
                                                              monkeypatch):
     """A umount right after the close ends the session while the daemon is still taking
