@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _Call:
     fn: Callable[[], Any]
+    shared: bool = False  # a `durable`: one run serves every such call of its batch
     taken: bool = False  # by a batch, which runs it whatever happens to its caller
     value: Any = None
     error: Exception | None = None
@@ -54,7 +55,16 @@ class AsyncJournal:
         self._notes: list[CleanNote] = []
 
     async def __call__(self, fn: Callable[..., T], *args: object) -> T:
-        call = _Call(functools.partial(fn, *args))
+        return await self._call(_Call(functools.partial(fn, *args)))  # type: ignore[no-any-return]
+
+    async def durable(self) -> None:
+        """`Journal.sync`: every change made so far survives a machine crash. The syncs
+        that queue up behind a running batch share one WAL fsync at the end of theirs:
+        sixteen files fsynced at once (DCP's writer threads) cost one, not sixteen in a
+        row, each waiting for the disk."""
+        await self._call(_Call(self.sync.sync, shared=True))
+
+    async def _call(self, call: _Call) -> Any:
         self._queue.append(call)
         try:
             async with self._lock:
@@ -68,7 +78,7 @@ class AsyncJournal:
                 await call.finished.wait()
         if call.error is not None:
             raise call.error
-        return call.value  # type: ignore[no-any-return]
+        return call.value
 
     async def _run_queued(self) -> None:
         batch, self._queue = self._queue, []
@@ -82,8 +92,14 @@ class AsyncJournal:
             except sqlite3.Error as exc:  # only warmth is lost: those chunks are refetched
                 log.warning("journal: notes of %d cached chunk(s) not written: %s",
                             len(notes), exc)
+            shared = [call for call in batch if call.shared]
             for call in batch:
-                call.run()
+                if not call.shared:
+                    call.run()
+            if shared:  # after every other call: it covers them too
+                shared[0].run()
+                for call in shared[1:]:
+                    call.error = shared[0].error
 
         try:
             await trio.to_thread.run_sync(run, abandon_on_cancel=False)

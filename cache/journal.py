@@ -46,6 +46,7 @@ class Journal:
         os.close(fd)
         os.chmod(path, 0o600)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._synced_changes = -1  # the connection's total_changes at the last `sync`
         try:
             self.db = sqlite_utils.Database(self._conn)
             self.db.enable_wal()
@@ -420,9 +421,13 @@ class Journal:
     # -- durability -------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Make every earlier commit survive a machine crash (an fsync of the WAL)."""
+        """Make every earlier commit survive a machine crash (an fsync of the WAL); none
+        when nothing was committed since the last one (e.g. a second fsync of a file)."""
+        if self._conn.total_changes == self._synced_changes:
+            return
         self._conn.execute("PRAGMA synchronous=FULL")
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             self.set_meta("last_sync", "1")
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._synced_changes = self._conn.total_changes

@@ -223,7 +223,7 @@ class CacheManager:
         if cf.pending and cf.fid is not None:
             async with self.cachefiles.io(cf) as fd:
                 await self.engine.fsync(fd, datasync=True)
-        await self.journal(self.journal.sync.sync)
+        await self.journal.durable()
 
     def adopt(self, cf: CachedFile) -> None:
         """Take over a file rebuilt from the journal by recovery."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 import threading
 
@@ -255,6 +256,72 @@ def test_calls_queued_behind_a_running_one_share_one_thread_hop_in_order(tmp_pat
             release.set()
         await j(step, 100)
         assert 99 not in order and order[-1] == 100
+
+    trio.run(main)
+
+
+def test_a_sync_with_nothing_committed_since_the_last_one_writes_nothing(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    wal = tmp_path / "j.db-wal"
+    _file(j)
+    j.sync()
+    synced = wal.stat().st_size
+    j.sync()  # a second fsync of the same file: no WAL frame, no fsync
+    assert wal.stat().st_size == synced
+    _file(j, key="b")
+    j.sync()
+    assert wal.stat().st_size > synced
+
+
+def test_syncs_queued_behind_a_running_batch_share_one_at_its_end(tmp_path):
+    """`durable` from sixteen writers' fsyncs at once: one WAL fsync, after the calls
+    queued with them, and its failure reaches every caller that shared it."""
+    runs: list[int] = []
+
+    class Counting(Journal):
+        fail = False
+
+        def sync(self) -> None:
+            runs.append(len(self.pending_files()))  # what the sync covers
+            if self.fail:
+                raise sqlite3.OperationalError("disk I/O error")
+            super().sync()
+
+    async def main() -> None:
+        journal = Counting(tmp_path / "j.db")
+        j = AsyncJournal(journal)
+        running, release = threading.Event(), threading.Event()
+
+        def slow() -> None:
+            running.set()
+            release.wait(10)
+
+        async def sixteen() -> list[BaseException | None]:
+            outcomes: list[BaseException | None] = []
+
+            async def one() -> None:
+                try:
+                    await j.durable()
+                    outcomes.append(None)
+                except sqlite3.Error as exc:
+                    outcomes.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(j, slow)
+                await trio.to_thread.run_sync(running.wait, 10)
+                for _ in range(16):
+                    nursery.start_soon(one)
+                nursery.start_soon(j, _file, journal, "queued last")
+                await trio.sleep(0.05)
+                release.set()
+            return outcomes
+
+        assert await sixteen() == [None] * 16
+        assert runs == [1]  # once, covering the row queued after the syncs
+        journal.fail, runs[:] = True, []
+        failed = await sixteen()
+        assert runs == [2] and len(failed) == 16
+        assert all(isinstance(exc, sqlite3.OperationalError) for exc in failed)
 
     trio.run(main)
 
