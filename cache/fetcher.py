@@ -5,6 +5,12 @@ read reaches its end (or FRESH_FOR seconds pass); then it is written back to dis
 from the page cache, and only then noted in the journal for the next mount (`_settle`).
 Reading each chunk back from the cache disk while the disk wrote the next ones slowed cold
 restores measurably (benchmarks/README.md, "fresh chunks").
+
+A chunk read to its end is written back once the reads and GETs pause for QUIET_FOR
+seconds, not while the restore goes on: the write-back's CPU and disk then do not compete
+with the fetch and the reader. So that the page cache does not hold a whole restore, the
+oldest go at once beyond READ_THROUGH_MAX bytes, and every fresh chunk after FRESH_FOR
+seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ T = TypeVar("T")
 
 FRESH_FOR = 5.0  # seconds a fetched chunk may stay in the page cache with no reader past it
 SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
+READ_THROUGH_MAX = 1 << 30  # bytes of chunks read to their end kept until the reads pause
+QUIET_FOR = 0.5  # seconds without a fetch or a chunk read to its end: the restore paused
 
 
 class FetchStopped(Exception):
@@ -68,6 +76,11 @@ class Fetcher:
         self._fetch_slots = trio.Semaphore(2 * read_ahead + 8)  # GETs in flight (1 MiB each)
         self._settle_slots = trio.CapacityLimiter(SETTLE_THREADS)
         self._settling = 0
+        self._busy_at = 0.0  # when a fetch started or a chunk was last read to its end
+        # chunks read to their end, oldest first, with their bytes: written back once the
+        # reads pause (see the module)
+        self._read_through: dict[tuple[CachedFile, int], int] = {}
+        self._read_through_bytes = 0
         self._nursery: trio.Nursery | None = None
 
     async def run(self, every: float,
@@ -83,6 +96,9 @@ class Fetcher:
                     stale = trio.current_time() - FRESH_FOR
                     for ref in [r for r, (_, _, at) in self.book.fresh.items() if at < stale]:
                         self.settle_soon(*ref)
+                    if trio.current_time() - self._busy_at > QUIET_FOR:
+                        for ref in list(self._read_through):
+                            self.settle_soon(*ref)
         finally:
             self._nursery = None
 
@@ -158,6 +174,7 @@ class Fetcher:
                     written_back: bool) -> None:
         with filling:
             async with self._fetch_slots, self.files.io(cf) as fd:
+                self._busy_at = trio.current_time()
                 await self._get_base_into(fd, cf, start, end)
                 if written_back:  # (fetched: kept even if the warm-up is being stopped)
                     with trio.CancelScope(shield=True):
@@ -234,7 +251,24 @@ class Fetcher:
             self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag, cf.base_size,
                                           [idx])
 
+    def read_through(self, cf: CachedFile, idx: int) -> None:
+        """A reader read fresh chunk `idx` to its end: it has served its reader. Written
+        back once the reads pause (`run`), or at once when it makes the chunks waiting so
+        exceed READ_THROUGH_MAX (the oldest go)."""
+        if (cf, idx) not in self.book.fresh or (cf, idx) in self._read_through:
+            return
+        self._busy_at = trio.current_time()
+        start, end = self.parts.chunk_range(idx)
+        size = end - start
+        self._read_through[(cf, idx)] = size
+        self._read_through_bytes += size
+        while self._read_through_bytes > READ_THROUGH_MAX:
+            self.settle_soon(*next(iter(self._read_through)))
+
     def settle_soon(self, cf: CachedFile, idx: int) -> None:
+        waited = self._read_through.pop((cf, idx), None)
+        if waited is not None:
+            self._read_through_bytes -= waited
         entry = self.book.fresh.pop((cf, idx), None)
         if entry is not None and self._nursery is not None:
             self._settling += 1

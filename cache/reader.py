@@ -76,7 +76,7 @@ class Reader:
         if self.book.fresh:  # a fetched chunk read to its end has served its reader
             for idx in touched:
                 if end >= min(self.parts.chunk_range(idx)[1], cf.size):
-                    self.fetcher.settle_soon(cf, idx)
+                    self.fetcher.read_through(cf, idx)
         return data
 
     def holds(self, cf: CachedFile, start: int, end: int) -> bool:

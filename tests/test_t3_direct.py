@@ -102,6 +102,54 @@ def test_a_fetched_chunk_is_read_from_memory_then_written_back_and_noted(tmp_pat
     run(body)
 
 
+async def read_chunk_to_its_end(c, cf, idx: int, data: bytes) -> None:
+    start = idx * PART
+    assert await c.cache.read(cf, start + PART - MiB, MiB) == data[start + PART - MiB:
+                                                                     start + PART]
+
+
+def test_chunks_read_to_their_end_go_to_disk_once_the_restore_pauses(tmp_path):
+    """While a restore goes on, the chunks it has read stay in the page cache (their
+    write-back would compete with the fetch and the reader); once the reads pause for
+    QUIET_FOR seconds, they all go to disk and into the journal."""
+    store = MemoryObjectStore()
+    data = random.randbytes(6 * PART)
+    etag = store.put("ckpt", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("ckpt", len(data), etag)
+            for idx in range(6):  # a chunk read to its end every 0.3 s: 1.8 s of restore
+                await read_chunk_to_its_end(c, cf, idx, data)
+                assert not any(ch.direct for ch in cf.chunks.values())
+                await trio.sleep(0.3)
+            for idx in range(6):
+                await settled(cf, idx, fetcher.QUIET_FOR + 3 * manager.NOTES_EVERY)
+            await c.cache.journal.write_notes()
+            assert noted(c) == list(range(6))
+            assert cached_pages(c.cache.cache_path(cf.fid)) == 0
+    run(body)
+
+
+def test_chunks_read_to_their_end_beyond_the_bound_go_to_disk_oldest_first(tmp_path,
+                                                                              monkeypatch):
+    """However long the restore, the page cache holds at most READ_THROUGH_MAX bytes of
+    chunks read to their end: the oldest go at once."""
+    monkeypatch.setattr(fetcher, "READ_THROUGH_MAX", 2 * PART)
+    store = MemoryObjectStore()
+    data = random.randbytes(4 * PART)
+    etag = store.put("ckpt", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("ckpt", len(data), etag)
+            for idx in range(3):
+                await read_chunk_to_its_end(c, cf, idx, data)
+            await settled(cf, 0, 1.0)  # at once, not after QUIET_FOR and a look
+            assert not cf.chunks[1].direct and not cf.chunks[2].direct
+    run(body)
+
+
 def test_a_fetched_chunk_nobody_reads_to_its_end_is_written_back_in_time(tmp_path):
     """A random reader, or readahead past where the reader stops: the chunk leaves the
     page cache FRESH_FOR seconds after its fetch all the same."""
