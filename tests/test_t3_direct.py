@@ -119,10 +119,10 @@ def test_chunks_read_to_their_end_go_to_disk_once_the_restore_pauses(tmp_path):
     async def body() -> None:
         async with core(tmp_path, store) as c:
             cf = c.in_s3("ckpt", len(data), etag)
-            for idx in range(6):  # a chunk read to its end every 0.3 s: 1.8 s of restore
+            for idx in range(6):  # a chunk read to its end every 0.2 s: 1.2 s of restore
                 await read_chunk_to_its_end(c, cf, idx, data)
                 assert not any(ch.direct for ch in cf.chunks.values())
-                await trio.sleep(0.3)
+                await trio.sleep(0.2)
             for idx in range(6):
                 await settled(cf, idx, fetcher.QUIET_FOR + 3 * manager.NOTES_EVERY)
             await c.cache.journal.write_notes()
@@ -145,7 +145,7 @@ def test_chunks_read_to_their_end_beyond_the_bound_go_to_disk_oldest_first(tmp_p
             cf = c.in_s3("ckpt", len(data), etag)
             for idx in range(3):
                 await read_chunk_to_its_end(c, cf, idx, data)
-            await settled(cf, 0, 1.0)  # at once, not after QUIET_FOR and a look
+            await settled(cf, 0, 2.0)  # at once: chunks 1 and 2 wait for QUIET_FOR
             assert not cf.chunks[1].direct and not cf.chunks[2].direct
     run(body)
 
