@@ -8,9 +8,12 @@ restores measurably (benchmarks/README.md, "fresh chunks").
 
 A chunk read to its end is written back once the reads and GETs pause for QUIET_FOR
 seconds, not while the restore goes on: the write-back's CPU and disk then do not compete
-with the fetch and the reader. So that the page cache does not hold a whole restore, the
-oldest go at once beyond READ_THROUGH_MAX bytes, and every fresh chunk after FRESH_FOR
-seconds.
+with the fetch and the reader. That pays only for a restore the page cache can hold until
+it pauses: once the files read since the last pause are larger together than
+READ_THROUGH_MAX, their chunks go to disk as they are read, since holding back the first
+READ_THROUGH_MAX bytes would only move their write-back into a burst in the middle of the
+restore (benchmarks/README.md, "Fetched chunks written back after the restore"). Every
+fresh chunk goes after FRESH_FOR seconds all the same.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ T = TypeVar("T")
 
 FRESH_FOR = 5.0  # seconds a fetched chunk may stay in the page cache with no reader past it
 SETTLE_THREADS = 4  # fetched chunks being written back to disk at once
-READ_THROUGH_MAX = 1 << 30  # bytes of chunks read to their end kept until the reads pause
+READ_THROUGH_MAX = 1 << 30  # bytes of files a restore reads whose chunks wait for its pause
 QUIET_FOR = 0.5  # seconds without a fetch or a chunk read to its end: the restore paused
 
 
@@ -81,6 +84,8 @@ class Fetcher:
         # reads pause (see the module)
         self._read_through: dict[tuple[CachedFile, int], int] = {}
         self._read_through_bytes = 0
+        self._reading: set[CachedFile] = set()  # files read through since the last pause
+        self._reading_bytes = 0  # ... their sizes
         self._nursery: trio.Nursery | None = None
 
     async def run(self, every: float,
@@ -99,6 +104,8 @@ class Fetcher:
                     if trio.current_time() - self._busy_at > QUIET_FOR:
                         for ref in list(self._read_through):
                             self.settle_soon(*ref)
+                        self._reading.clear()
+                        self._reading_bytes = 0
         finally:
             self._nursery = None
 
@@ -253,8 +260,9 @@ class Fetcher:
 
     def read_through(self, cf: CachedFile, idx: int) -> None:
         """A reader read fresh chunk `idx` to its end: it has served its reader. Written
-        back once the reads pause (`run`), or at once when it makes the chunks waiting so
-        exceed READ_THROUGH_MAX (the oldest go)."""
+        back once the reads pause (`run`), or at once when the files read since the last
+        pause, or the chunks waiting so, are larger than READ_THROUGH_MAX (the oldest
+        go first)."""
         if (cf, idx) not in self.book.fresh or (cf, idx) in self._read_through:
             return
         self._busy_at = trio.current_time()
@@ -262,7 +270,11 @@ class Fetcher:
         size = end - start
         self._read_through[(cf, idx)] = size
         self._read_through_bytes += size
-        while self._read_through_bytes > READ_THROUGH_MAX:
+        if cf not in self._reading:
+            self._reading.add(cf)
+            self._reading_bytes += cf.base_size
+        limit = READ_THROUGH_MAX if self._reading_bytes <= READ_THROUGH_MAX else 0
+        while self._read_through_bytes > limit:
             self.settle_soon(*next(iter(self._read_through)))
 
     def settle_soon(self, cf: CachedFile, idx: int) -> None:

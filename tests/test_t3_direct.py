@@ -131,11 +131,12 @@ def test_chunks_read_to_their_end_go_to_disk_once_the_restore_pauses(tmp_path):
     run(body)
 
 
-def test_chunks_read_to_their_end_beyond_the_bound_go_to_disk_oldest_first(tmp_path,
-                                                                              monkeypatch):
-    """However long the restore, the page cache holds at most READ_THROUGH_MAX bytes of
-    chunks read to their end: the oldest go at once."""
+def test_a_restore_larger_than_the_bound_writes_its_chunks_back_as_it_reads(tmp_path,
+                                                                           monkeypatch):
+    """Files read together that are larger than READ_THROUGH_MAX would not fit in the page
+    cache until the restore pauses: their chunks go to disk as soon as they are read."""
     monkeypatch.setattr(fetcher, "READ_THROUGH_MAX", 2 * PART)
+    monkeypatch.setattr(fetcher, "QUIET_FOR", 60.0)  # no pause within the test
     store = MemoryObjectStore()
     data = random.randbytes(4 * PART)
     etag = store.put("ckpt", data, {})
@@ -143,10 +144,34 @@ def test_chunks_read_to_their_end_beyond_the_bound_go_to_disk_oldest_first(tmp_p
     async def body() -> None:
         async with core(tmp_path, store) as c:
             cf = c.in_s3("ckpt", len(data), etag)
-            for idx in range(3):
+            for idx in range(2):
                 await read_chunk_to_its_end(c, cf, idx, data)
-            await settled(cf, 0, 2.0)  # at once: chunks 1 and 2 wait for QUIET_FOR
-            assert not cf.chunks[1].direct and not cf.chunks[2].direct
+                await settled(cf, idx, 2.0)
+    run(body)
+
+
+def test_chunks_wait_for_the_pause_until_the_files_read_outgrow_the_bound(tmp_path,
+                                                                         monkeypatch):
+    """Reading one file that fits keeps its chunks in the page cache; once a second file
+    makes the files read since the last pause larger than READ_THROUGH_MAX, the waiting
+    chunks go at once, the oldest first, and so do those read after them."""
+    monkeypatch.setattr(fetcher, "READ_THROUGH_MAX", 3 * PART)
+    monkeypatch.setattr(fetcher, "QUIET_FOR", 60.0)
+    store = MemoryObjectStore()
+    data = {name: random.randbytes(2 * PART) for name in ("a", "b")}
+    etags = {name: store.put(name, body, {}) for name, body in data.items()}
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            a, b = (c.in_s3(name, 2 * PART, etags[name]) for name in ("a", "b"))
+            await read_chunk_to_its_end(c, a, 0, data["a"])
+            await trio.sleep(0.5)
+            assert not a.chunks[0].direct  # 2 of 3 PART: it waits
+            await read_chunk_to_its_end(c, b, 0, data["b"])
+            await settled(a, 0, 2.0)
+            await settled(b, 0, 2.0)
+            await read_chunk_to_its_end(c, a, 1, data["a"])
+            await settled(a, 1, 2.0)
     run(body)
 
 
