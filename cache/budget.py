@@ -18,6 +18,11 @@ class CacheBudget:
         self.capacity = capacity
         self.used = 0
         self._clean_lru: OrderedDict[ChunkRef, int] = OrderedDict()  # ref -> bytes
+        # their sums, kept as they change: a passthrough writer's open asks for the room
+        # eviction could free, and summing the LRU there made each create of many small
+        # files slower than the last (every uploaded file adds a clean chunk)
+        self._clean_total = 0
+        self._clean_of: dict[CachedFile, int] = {}
         self._pins: dict[ChunkRef, int] = {}
 
     def added(self, nbytes: int) -> None:
@@ -28,15 +33,26 @@ class CacheBudget:
 
     def clean(self, ref: ChunkRef, nbytes: int) -> None:
         """The chunk became clean (or was read): it is the newest eviction candidate."""
-        self._clean_lru[ref] = nbytes
-        self._clean_lru.move_to_end(ref)
+        self.not_clean(ref)
+        self._clean_lru[ref] = nbytes  # (at the end: the newest)
+        self._count(ref[0], nbytes)
 
     def touch(self, ref: ChunkRef) -> None:
         if ref in self._clean_lru:
             self._clean_lru.move_to_end(ref)
 
     def not_clean(self, ref: ChunkRef) -> None:
-        self._clean_lru.pop(ref, None)
+        nbytes = self._clean_lru.pop(ref, None)
+        if nbytes is not None:
+            self._count(ref[0], -nbytes)
+
+    def _count(self, cf: CachedFile, nbytes: int) -> None:
+        self._clean_total += nbytes
+        left = self._clean_of.get(cf, 0) + nbytes
+        if left:
+            self._clean_of[cf] = left
+        else:
+            self._clean_of.pop(cf, None)
 
     def pin(self, ref: ChunkRef) -> None:
         self._pins[ref] = self._pins.get(ref, 0) + 1
@@ -71,8 +87,4 @@ class CacheBudget:
 
     def clean_bytes(self, excluding: set[CachedFile]) -> int:
         """Bytes of clean chunks (what eviction can free), leaving out these files'."""
-        return sum(n for (cf, _), n in self._clean_lru.items() if cf not in excluding)
-
-    def forget_file(self, cf: CachedFile) -> None:
-        for ref in [r for r in self._clean_lru if r[0] is cf]:
-            del self._clean_lru[ref]
+        return self._clean_total - sum(self._clean_of.get(cf, 0) for cf in excluding)
