@@ -181,12 +181,13 @@ class Suite:
             out["read"].append(self.raw_disk_read(f"raw disk read run {r + 1}"))
         return out
 
-    def raw_write(self, what: str, fsync: bool = False, keep: bool = True
-                  ) -> tuple[float, float]:
+    def raw_write(self, what: str, fsync: bool = False, keep: bool = True,
+                  into: str = "raw") -> tuple[float, float]:
         """The checkpoint writers on the raw cache disk, from a dropped page cache: (GiB/s,
-        seconds). Kept in work/raw for the raw reads, or else deleted at once (their dirty
-        pages then never reach the disk, so they do not slow what runs next)."""
-        d = self.work / ("raw" if keep else "raw-unkept")
+        seconds). Kept in work/`into` (work/raw: for the raw reads), or else deleted at
+        once (their dirty pages then never reach the disk, so they do not slow what runs
+        next)."""
+        d = self.work / (into if keep else "raw-unkept")
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         self.drop_caches()
@@ -238,17 +239,47 @@ class Suite:
         cfg = s3t.TransferConfig(multipart_threshold=RAW_PART, multipart_chunksize=RAW_PART,
                                  max_concurrency=per_file, use_threads=True)
         out: dict[str, Any] = {"upload": [], "upload_s": [], "upload_cpu": [],
-                               "upload_crc_s": [], "get": []}
+                               "upload_crc_s": [], "then_s": [], "during_s": [], "get": []}
 
-        def upload(extra: dict[str, str]) -> tuple[str, float, float]:
+        def upload(extra: dict[str, str], src: Path = d, drop: bool = True
+                   ) -> tuple[str, float, float]:
             bucket = self.new_bucket("raw")
-            self.drop_caches()
+            if drop:
+                self.drop_caches()
             cpu0, t0 = time.process_time(), time.monotonic()
             with ThreadPoolExecutor(self.args.writers) as pool:
                 list(pool.map(lambda n: client.upload_file(
-                    str(d / n), bucket, f"ckpt/{n}", ExtraArgs=extra, Config=cfg),
+                    str(src / n), bucket, f"ckpt/{n}", ExtraArgs=extra, Config=cfg),
                     self.names()))
             return bucket, time.monotonic() - t0, time.process_time() - cpu0
+
+        def write_then_upload(r: int) -> float:
+            """What a job does without a mount: write to the local disk, then upload what
+            it wrote (from the page cache); seconds of both."""
+            _, write_s = self.raw_write(f"raw disk write run {r + 1}, then uploaded",
+                                        keep=True, into="raw-then")
+            bucket, upload_s, _ = upload({}, self.work / "raw-then", drop=False)
+            self.delete_bucket(bucket)
+            shutil.rmtree(self.work / "raw-then")
+            return write_s + upload_s
+
+        def write_during_upload() -> float:
+            """The ideal pipelined on these cores: a raw write of the checkpoint's size and
+            the raw upload of the files already written, started together; seconds until
+            both are done (a mount can only overlap its writes with its uploads as well)."""
+            self.drop_caches()
+            during = self.work / "raw-during"
+            shutil.rmtree(during, ignore_errors=True)
+            during.mkdir(parents=True)
+            with ThreadPoolExecutor(1) as one:
+                t0 = time.monotonic()
+                up = one.submit(upload, {}, d, False)
+                _, t1, _ = span(run_parallel("write", self.write_args(during, False)))
+                bucket, _, _ = up.result()
+            elapsed = max(time.monotonic(), t1) - t0
+            self.delete_bucket(bucket)
+            shutil.rmtree(during)
+            return elapsed
 
         bucket = None
         for r in range(self.args.runs):
@@ -264,6 +295,10 @@ class Suite:
             out["upload_crc_s"].append(elapsed)
             self.log(f"raw S3 upload with CRC32 run {r + 1}: "
                      f"{self.total / GiB / elapsed:.3f} GiB/s")
+            out["then_s"].append(write_then_upload(r))
+            out["during_s"].append(write_during_upload())
+            self.log(f"raw write, then upload, run {r + 1}: {out['then_s'][-1]:.1f} s; "
+                     f"write during upload: {out['during_s'][-1]:.1f} s")
         self.raw_bucket = bucket  # kept for the restores' paired baselines
         for r in range(self.args.runs):
             out["get"].append(self.raw_get(f"raw ranged GET run {r + 1}"))
@@ -744,7 +779,13 @@ class Suite:
                                 label="raw boto3 upload", baseline="ideal"),
              "raw_s3_upload_crc": P(s3["upload_crc_s"], "s", higher_is_better=False,
                                     label="raw boto3 upload, CRC32 per part",
-                                    baseline="ideal")}
+                                    baseline="ideal"),
+             "raw_then": P(s3["then_s"], "s", higher_is_better=False,
+                           label="raw disk write, then boto3 upload of it",
+                           baseline="ideal"),
+             "raw_during": P(s3["during_s"], "s", higher_is_better=False,
+                             label="raw disk write during a boto3 upload of as much",
+                             baseline="ideal")}
         for k, v in ok.items():
             t[k] = P(v["durable_s"], "s", higher_is_better=False, label=v["label"],
                      baseline="ideal")
@@ -799,7 +840,9 @@ class Suite:
                "raw_disk_stat": P(raw["stat_warm"], "s", higher_is_better=False,
                                   label="raw disk stat all", baseline=None)}
         makers = self.makers()
-        keys = ["lakefs_uring"] + [k for k in makers if not k.startswith("lakefs")]
+        # the pyfuse3 session too: passthrough must not make creates slower
+        keys = ["lakefs_uring", "lakefs_pyfuse3"] + [
+            k for k in makers if not k.startswith("lakefs")]
         for key in keys:
             label, make = makers[key]
             try:
@@ -916,6 +959,10 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         if p:
             add(p["ratio"] <= 1.05, f"time to durable ({e}) <= 1.05 x ideal: "
                 f"{p['median']:.1f} s = {p['ratio']:.2f} x ideal {td['ideal']['median']:.1f} s")
+            if td.get("raw_then"):
+                then = td["raw_then"]["median"]
+                add(p["median"] <= then, f"time to durable ({e}) <= raw write, then upload: "
+                    f"{p['median']:.1f} s = {p['median'] / then:.2f} x {then:.1f} s")
     rs = pts("restore")
     if "lakefs_uring_cold" in rs:
         p = rs["lakefs_uring_cold"]

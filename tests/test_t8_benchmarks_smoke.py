@@ -56,6 +56,8 @@ def test_benchmark_suite_quick(tmp_path: Path) -> None:
     pts = results["workloads"]
     assert {"lakefs_uring", "lakefs_threads", "lakefs_pyfuse3", "raw_disk"} <= set(
         pts["checkpoint_write"]["points"])
+    # durable against the ideal, and against what a job does without a mount on these cores
+    assert {"ideal", "raw_then", "raw_during"} <= set(pts["time_to_durable"]["points"])
     assert {"lakefs_uring_cold", "lakefs_uring_warm", "lakefs_uring_warmup", "raw_get"} <= set(
         pts["restore"]["points"])
     for phase in ("cold", "warm"):  # each compared with a baseline run just before it
