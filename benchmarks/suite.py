@@ -959,10 +959,12 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         if p:
             add(p["ratio"] <= 1.05, f"time to durable ({e}) <= 1.05 x ideal: "
                 f"{p['median']:.1f} s = {p['ratio']:.2f} x ideal {td['ideal']['median']:.1f} s")
-            if td.get("raw_then"):
-                then = td["raw_then"]["median"]
-                add(p["median"] <= then, f"time to durable ({e}) <= raw write, then upload: "
-                    f"{p['median']:.1f} s = {p['median'] / then:.2f} x {then:.1f} s")
+            if td.get("raw_then") and td.get("raw_during"):
+                # what these cores allow: the S3 server shares them with the writers
+                best = min(td["raw_then"]["median"], td["raw_during"]["median"])
+                add(p["median"] <= 1.05 * best, f"time to durable ({e}) <= 1.05 x the best "
+                    f"raw write + upload on these cores: {p['median']:.1f} s = "
+                    f"{p['median'] / best:.2f} x {best:.1f} s")
     rs = pts("restore")
     if "lakefs_uring_cold" in rs:
         p = rs["lakefs_uring_cold"]
@@ -973,6 +975,11 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             f" = {100 * p['ratio']:.0f} %")
     else:
         add(False, "restore: no measurement")
+    sf = pts("small_files")
+    if sf.get("lakefs_uring") and sf.get("lakefs_pyfuse3"):
+        n, f = sf["lakefs_uring"]["median"], sf["lakefs_pyfuse3"]["median"]
+        add(n >= 0.95 * f, f"small-file creates (native) >= 95 % of the pyfuse3 session: "
+            f"{n:.0f} vs {f:.0f} files/s ({100 * n / f:.0f} %)")
     sr = pts("small_reads")
     for phase in ("cold", "warm"):
         at_least(sr.get(f"lakefs_uring_{phase}"), 0.9,
