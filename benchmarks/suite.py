@@ -257,7 +257,7 @@ class Suite:
             """What a job does without a mount: write to the local disk, then upload what
             it wrote (from the page cache); seconds of both."""
             _, write_s = self.raw_write(f"raw disk write run {r + 1}, then uploaded",
-                                        keep=True, into="raw-then")
+                                        into="raw-then")
             bucket, upload_s, _ = upload({}, self.work / "raw-then", drop=False)
             self.delete_bucket(bucket)
             shutil.rmtree(self.work / "raw-then")
@@ -275,8 +275,10 @@ class Suite:
                 t0 = time.monotonic()
                 up = one.submit(upload, {}, d, False)
                 _, t1, _ = span(run_parallel("write", self.write_args(during, False)))
-                bucket, _, _ = up.result()
-            elapsed = max(time.monotonic(), t1) - t0
+                bucket, upload_s, _ = up.result()
+            # (the upload's own end, not the moment it was collected: the writers'
+            # processes may still have been exiting then)
+            elapsed = max(t0 + upload_s, t1) - t0
             self.delete_bucket(bucket)
             shutil.rmtree(during)
             return elapsed
