@@ -109,6 +109,9 @@ class CachedFile:
     pt_recorded: trio.Event | None = None  # set once the journal knows of the writers
     pt_streamed: set[int] = field(default_factory=set)  # chunks handed to the flusher early
     pt_watched: tuple[int, int] | None = None  # (size, mtime_ns) the watcher saw last
+    # the journal row certainly carries passthrough = 1 (cleared before anything that may
+    # write it without: a row write, a commit that may drop the row)
+    pt_flagged: bool = False
 
     # The locks come into being on first use: a fresh mount lists directories of tens of
     # thousands of files, and two trio.Locks each cost a quarter of a listing's CPU.
@@ -202,6 +205,7 @@ class CachedFile:
         """Nothing of it goes to S3 any more (its journal row is gone with its pending
         changes); `unlinked`: nor does its name (else only those changes were dropped)."""
         self.in_journal = False
+        self.pt_flagged = False
         self.unlinked = unlinked
 
     def row_dropped(self) -> None:
@@ -210,6 +214,14 @@ class CachedFile:
         assert self.unlinked or not any(
             c.state in PENDING_STATES for c in self.chunks.values()), self.key
         self.in_journal = False
+        self.pt_flagged = False
+
+    def flag_doubtful(self) -> None:
+        """A commit may drop the journal row, passthrough flag and all: the flag is not
+        certain until a row write sets it again (the generation moves on, so that one
+        already under way does not)."""
+        self.pt_flagged = False
+        self.intent_gen += 1
 
     def commit_answer_lost(self) -> None:
         self.commit_unknown = True

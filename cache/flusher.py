@@ -339,8 +339,13 @@ class Flusher:
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
+        # no passthrough writer: the row's flag, if any, is stale (see Writer.row_covers)
+        flag_stale = not self.cache.passthrough.kernel_writes(cf)
+        if not keep:
+            cf.flag_doubtful()
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
-                                  placed, size, seen_gen, self.cache.clean_note(cf), crc)
+                                  placed, size, seen_gen, flag_stale,
+                                  self.cache.clean_note(cf), crc)
         cf.committed_version = version
         # An intent that raced with finish_commit kept (or re-created) the row.
         if kept or cf.version != version or any(

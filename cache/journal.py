@@ -282,12 +282,14 @@ class Journal:
         self._conn.execute("DELETE FROM chunks WHERE fid=? AND idx>=?", (fid, first_idx))
 
     def finish_commit(self, fid: int, committed_idx: list[int], keep_file: bool,
-                      base_key: str, base_size: int, seen_gen: int,
+                      base_key: str, base_size: int, seen_gen: int, flag_stale: bool = False,
                       clean: CleanNote | None = None, crc: int | None = None) -> bool:
         """After CompleteMultipartUpload/PutObject: drop what the new object holds.
 
         The file row goes only if no intent newer than `seen_gen` (the commit's start)
-        reached the journal; returns whether the row is kept. `clean` replaces what was
+        reached the journal, and it carries no passthrough flag unless `flag_stale` (no
+        passthrough writer is left, and the object holds what the last one wrote);
+        returns whether the row is kept. `clean` replaces what was
         noted of the file's clean chunks (the new object is their base), in the same
         transaction: a journal round trip per committed file less; `crc` is the new
         object's CRC-32C, noted with it.
@@ -306,7 +308,7 @@ class Journal:
             if not keep_file:
                 row = self._conn.execute(
                     "SELECT intent_gen, passthrough FROM files WHERE fid=?", (fid,)).fetchone()
-                if row is None or (row[0] <= seen_gen and not row[1]):
+                if row is None or (row[0] <= seen_gen and (flag_stale or not row[1])):
                     self._conn.execute("DELETE FROM chunks WHERE fid=?", (fid,))
                     self._conn.execute("DELETE FROM files WHERE fid=?", (fid,))
                     return False

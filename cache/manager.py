@@ -99,7 +99,7 @@ class CacheManager:
         self.cached_crc = self.reader.cached_crc
         self.new_file = self.writer.new_file
         self.save_attrs = self.writer.save_attrs
-        self.pending_record = self.writer.pending_record
+        self.row_covers = self.writer.row_covers
         self.write = self.writer.write
         self.truncate = self.writer.truncate
         self.mark_dirty = self.writer.mark_dirty

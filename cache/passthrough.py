@@ -183,7 +183,8 @@ class Passthrough:
         cf.pt_recorded = recorded = trio.Event()
         try:
             cf.pt_seen = self._stat(cf)
-            await self.cache.save_attrs(cf)  # the journal row, with passthrough = 1
+            if not cf.pt_flagged:  # (a file created in passthrough: flagged at its create)
+                await self.cache.save_attrs(cf)  # the journal row, with passthrough = 1
         except BaseException:
             cf.pt_recorded = None
             raise
@@ -254,7 +255,7 @@ class Passthrough:
             self._note_written(cf, seen)
             cf.pt_seen = seen
             await self.cache.take_over_written(cf, seen[0], self._parts_to_keep(cf))
-        elif cf.pt_writers == 0:
+        elif cf.pt_writers == 0 and not self.cache.row_covers(cf, cf.size):
             await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
 
     def _parts_to_keep(self, cf: CachedFile) -> frozenset[int]:

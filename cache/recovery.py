@@ -81,10 +81,13 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                         report: RecoveryReport) -> CachedFile:
     journal, store, parts = cache.journal, cache.store, cache.parts
     # Writes extend the cache file in step with the file but do not touch the journal row:
-    # the larger of the two is the size the application last saw.
-    size = max(rec.size, cache.cache_path(rec.fid).stat().st_size)
+    # the larger of the two is the size the application last saw. The kernel's writes
+    # (passthrough) give the cache file its mtime too, as they gave the file's.
+    st = cache.cache_path(rec.fid).stat()
+    size = max(rec.size, st.st_size)
+    mtime_ns = max(rec.mtime_ns, st.st_mtime_ns) if rec.passthrough else rec.mtime_ns
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
-                    mtime_ns=rec.mtime_ns, fid=rec.fid, base_key=rec.base_key,
+                    mtime_ns=mtime_ns, fid=rec.fid, base_key=rec.base_key,
                     base_size=rec.base_size or 0, upload_id=rec.upload_id,
                     upload_key=rec.upload_key, symlink=rec.symlink, rdev=rec.rdev,
                     in_journal=True, commit_unknown=True, intent_gen=rec.intent_gen,

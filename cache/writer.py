@@ -12,6 +12,7 @@ import os
 
 import trio
 
+from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import DIRTY_STATES, CachedFile, ChunkState
 from lakefs_mount.cache.cachefiles import CacheFiles
@@ -40,31 +41,61 @@ class Writer:
 
     # -- the file's journal row ---------------------------------------------------------
 
-    def pending_record(self, cf: CachedFile) -> PendingFile:
-        """The journal row of `cf`, as a new intent (its generation bumped)."""
+    def pending_record(self, cf: CachedFile, passthrough: bool = False) -> PendingFile:
+        """The journal row of `cf`, as a new intent (its generation bumped); flagged
+        `passthrough` while the kernel may write the cache file, or when about to."""
         assert cf.fid is not None
         cf.intent_gen += 1
         return PendingFile(intent_gen=cf.intent_gen,
             fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
             mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
             upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink, rdev=cf.rdev,
-            passthrough=1 if cf.pt_writers else 0)
+            passthrough=1 if cf.pt_writers or passthrough else 0)
+
+    async def _put_row(self, cf: CachedFile, dirty: list[int] | None = None,
+                       passthrough: bool = False) -> None:
+        """Write the file's row, with the chunks `dirty` journalled dirty in the same
+        transaction; `cf.pt_flagged` follows the row's flag (see `row_covers`)."""
+        rec = self.pending_record(cf, passthrough)
+        if not rec.passthrough:
+            cf.pt_flagged = False  # the row may lose its flag any moment now
+        cf.row_written()
+        self.book.metrics[m.INTENTS_JOURNALLED] += 1
+        if dirty is None:
+            await self.journal(self.journal.sync.put_file, rec)
+        else:
+            await self.journal(self.journal.sync.mark_dirty, rec, dirty)
+        if cf.intent_gen == rec.intent_gen:  # no row write of it came after this one
+            cf.pt_flagged = bool(rec.passthrough)
+
+    def row_covers(self, cf: CachedFile, size: int) -> bool:
+        """Whether the journal row says all a passthrough writer's take-over would write
+        down: flagged (recovery takes every byte of the cache file for dirty, with its
+        size and mtime), and every chunk up to `size` journalled dirty, as a new file's
+        are from its create, so that the row stays right when it loses the flag. The
+        take-over then needs no transaction, and the commit drops the row, flag and all
+        (`Journal.finish_commit`): one transaction per small file created through
+        passthrough, not three (the flag, the take-over)."""
+        return (cf.pt_flagged and cf.in_journal and cf.upload_id is None
+                and all(cf.state(i) is ChunkState.DIRTY
+                        for i in range(self.parts.chunk_count(size))))
 
     async def _ensure_journalled(self, cf: CachedFile) -> None:
         """Give the file its row in the journal before any chunk of it is dirty."""
         if cf.in_journal or cf.unlinked:  # an unlinked file's bytes never go to S3
             return
         await self.files.ensure_fd(cf)
-        assert cf.fid is not None
-        cf.row_written()
-        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
+        await self._put_row(cf)
 
-    async def new_file(self, cf: CachedFile) -> None:
+    async def new_file(self, cf: CachedFile, passthrough: bool = False) -> None:
         """A file created through the mount: pending until its first commit.
 
         A regular file's first chunk is journalled dirty with its row, in one transaction:
         its bytes can only come from the cache file anyway, and its first write then needs
-        no journal round trip of its own (small files: one per file less).
+        no journal round trip of its own (small files: one per file less). `passthrough`:
+        the create will be answered in passthrough if it may, and the row carries the flag
+        from the start (a new file's every byte is dirty anyway): its open then needs no
+        transaction of its own either.
         """
         if cf.symlink is not None:
             await self._ensure_journalled(cf)
@@ -72,7 +103,7 @@ class Writer:
         await self.files.ensure_fd(cf)
         cf.row_written()  # (the intent writes it)
         try:
-            await self.mark_dirty(cf, [0], None)
+            await self.mark_dirty(cf, [0], None, passthrough)
         except BaseException:
             # Refused (a full cache disk, the journal): the create fails, so nothing of
             # this file may reach S3: the flusher took it for pending and committed an
@@ -87,8 +118,7 @@ class Writer:
         if cf.unlinked:
             return
         await self.files.ensure_fd(cf)
-        cf.row_written()
-        await self.journal(self.journal.sync.put_file, self.pending_record(cf))
+        await self._put_row(cf)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -237,9 +267,8 @@ class Writer:
         cf.resized(size)
         indices = [i for i in range(count) if i not in keep]
         await self.files.ensure_fd(cf)
-        assert cf.fid is not None
-        await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), indices)
-        cf.row_written()
+        if not self.row_covers(cf, size):
+            await self._put_row(cf, indices)
         for idx in indices:
             ch = self.book.new_chunk(cf, idx)
             # An upload of it in flight no longer counts: when it ends, the chunk is dirty
@@ -270,8 +299,10 @@ class Writer:
 
     # -- intent before write ------------------------------------------------------------
 
-    async def mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None) -> None:
-        """Journal the chunks as dirty before the write that touches them is acknowledged."""
+    async def mark_dirty(self, cf: CachedFile, indices: list[int], grows_from: int | None,
+                         passthrough: bool = False) -> None:
+        """Journal the chunks as dirty before the write that touches them is acknowledged
+        (`passthrough`: see `new_file`)."""
         if grows_from is not None and grows_from > 0:
             # Bytes past the old end were a hole; the old last chunk's part must grow too.
             tail = self.parts.chunk_of(grows_from - 1)
@@ -285,7 +316,7 @@ class Writer:
         needed = sum(self.book.chunk_bytes(i) for i in need)
         await self.book.wait_for_dirty_room(needed)
         await self.room.ensure(needed)
-        await self._journal_dirty(cf, need)
+        await self._journal_dirty(cf, need, passthrough)
 
     async def _not_dirty_yet(self, cf: CachedFile, indices: list[int]) -> list[int]:
         for idx in indices:
@@ -294,7 +325,8 @@ class Writer:
                 await pending.wait()
         return [i for i in indices if cf.state(i) not in DIRTY_STATES]
 
-    async def _journal_dirty(self, cf: CachedFile, need: list[int]) -> None:
+    async def _journal_dirty(self, cf: CachedFile, need: list[int],
+                             passthrough: bool = False) -> None:
         await self._ensure_journalled(cf)
         done = trio.Event()
         for idx in need:
@@ -302,8 +334,7 @@ class Writer:
         try:
             assert cf.fid is not None
             if not cf.unlinked:
-                await self.journal(self.journal.sync.mark_dirty, self.pending_record(cf), need)
-                cf.row_written()
+                await self._put_row(cf, need, passthrough)
             for idx in need:
                 ch = self.book.new_chunk(cf, idx)
                 if ch.state not in DIRTY_STATES:

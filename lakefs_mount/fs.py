@@ -107,12 +107,14 @@ class FileSystem(NameOps):
         self.cache.metrics[m.PAGE_CACHE_FILLS] += 1
 
     async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
-                     gid: int) -> tuple[int, Attr]:
+                     gid: int, passthrough: bool = False) -> tuple[int, Attr]:
+        """`passthrough`: the session asks right after for the new open to be served in
+        passthrough (`FileSystem.passthrough`)."""
         parent = await self._new_name(parent_ino, name)
         cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
                         mode=stat.S_IFREG | (mode & 0o7777), uid=uid, gid=gid,
                         mtime_ns=time.time_ns())
-        await self.cache.new_file(cf)
+        await self.cache.new_file(cf, passthrough)
         if self.hold_temporaries and flags & os.O_EXCL and mode & 0o777 == 0o600:
             self.cache.demand.hold(cf, self.hold_temporaries)  # (mkstemp's way)
             self.cache.metrics[m.TEMPORARIES_HELD] += 1

@@ -35,6 +35,7 @@ WRITE_REQUESTS = "write_requests"
 TEMPORARIES_HELD = "temporaries_held"
 LATE_COMMITS_UNDONE = "late_commits_undone"
 STREAMING_HELD = "streaming_held"
+INTENTS_JOURNALLED = "intents_journalled"
 
 # Every counter with what it counts: the help text of its Prometheus counter.
 COUNTERS: dict[str, str] = {
@@ -67,6 +68,8 @@ COUNTERS: dict[str, str] = {
     SPLICED_READS: "FUSE READs answered with the cache file's pages, spliced (no copy).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",
     TEMPORARIES_HELD: "Files made as mkstemp makes one, whose parts waited for their final name.",
+    INTENTS_JOURNALLED: ("Journal transactions that wrote a file's row before its change was"
+                         " acknowledged (a create, chunks made dirty, attributes)."),
     LATE_COMMITS_UNDONE: "Objects a killed daemon's commit landed after the file's replayed "
                          "DELETE, deleted again.",
 }

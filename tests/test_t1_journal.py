@@ -66,6 +66,18 @@ def test_a_commit_keeps_the_row_of_a_file_the_kernel_may_still_be_writing(tmp_pa
     assert left.passthrough == 0 and set(j.chunks(rec.fid)) == {0, 1, 2}
 
 
+def test_a_commit_after_the_last_passthrough_writer_drops_the_row_flag_and_all(tmp_path):
+    """A file created in passthrough keeps the flag of its create to the commit (its
+    chunks were dirty from the start): once no writer is left, the flag is stale."""
+    j = Journal(tmp_path / "j.db")
+    rec = _file(j)
+    rec.passthrough = 1
+    j.mark_dirty(rec, [0])
+    assert not j.finish_commit(rec.fid, [], keep_file=False, base_key="a", base_size=9,
+                               seen_gen=rec.intent_gen, flag_stale=True)
+    assert j.pending_files() == [] and j.chunks(rec.fid) == {}
+
+
 def test_a_write_during_commit_keeps_the_file_pending_on_the_new_base(tmp_path):
     j = Journal(tmp_path / "j.db")
     rec = _file(j)

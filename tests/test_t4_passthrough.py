@@ -10,6 +10,7 @@ import mmap
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -293,6 +294,62 @@ def test_kill9_in_the_middle_of_a_passthrough_write_loses_no_written_byte(pt, s3
     assert pt.counters()["recovered_files"] == 1
     flushed(pt)
     assert body(s3, "crash.bin") == bytes(data)
+
+
+def journal_rows(m) -> list[tuple[str, int]]:
+    """(key, passthrough) of the files the journal holds pending."""
+    with contextlib.closing(sqlite3.connect(m.cache_dir / "journal.db")) as db:
+        return db.execute("SELECT key, passthrough FROM files ORDER BY key").fetchall()
+
+
+def small_files(m, count: int) -> dict[str, bytes]:
+    """`count` small files, each created, written and closed as a checkpoint's shards are."""
+    written = {f"shard-{i}.bin": random.randbytes(1000 + i) for i in range(count)}
+    (m.path / "shards").mkdir()
+    for name, data in written.items():
+        with open(m.path / "shards" / name, "wb") as f:
+            f.write(data)
+    return written
+
+
+def test_a_small_file_created_in_passthrough_costs_one_journal_transaction(pt, s3):
+    """Its row carries the passthrough flag from the create, with its first chunk dirty;
+    neither the open nor the last close writes it again, and the commit drops it, flag
+    and all."""
+    before = pt.counters()
+    written = small_files(pt, 20)
+    after = pt.counters()
+    assert after["passthrough_opens"] - before.get("passthrough_opens", 0) == 20
+    assert after["intents_journalled"] - before.get("intents_journalled", 0) == 20
+    assert after.get("write_requests", 0) == 0
+    flushed(pt)
+    assert journal_rows(pt) == []  # committed: no row kept for its flag
+    for name, data in written.items():
+        assert body(s3, f"shards/{name}") == data
+
+
+def test_kill9_after_small_files_were_closed_in_passthrough_loses_nothing(mount_factory, s3,
+                                                                        fault_proxy):
+    """D21: the row written at the create, flagged, is all the journal holds of each file
+    (size 0, the create's mtime); the next mount takes size and mtime from the cache file
+    the kernel wrote, and commits every byte."""
+    m = mount_factory("--part-size", "8M", endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.fail = True  # nothing can reach S3 before the crash
+    written = small_files(m, 8)
+    seen = {name: os.stat(m.path / "shards" / name) for name in written}
+    assert all(flag == 1 for _, flag in journal_rows(m))
+    m.kill9()
+    fault_proxy.fail = False
+    m.start()
+    assert m.counters()["recovered_files"] == len(written)
+    for name, data in written.items():
+        st = os.stat(m.path / "shards" / name)
+        assert (st.st_size, st.st_mtime_ns) == (len(data), seen[name].st_mtime_ns)
+    flushed(m)
+    assert journal_rows(m) == []
+    for name, data in written.items():
+        assert body(s3, f"shards/{name}") == data
+        assert os.stat(m.path / "shards" / name).st_mtime_ns == seen[name].st_mtime_ns
 
 
 def test_eviction_leaves_a_passthrough_file_alone(mount_factory, s3):

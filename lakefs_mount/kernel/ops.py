@@ -275,7 +275,9 @@ class KernelOps:
     async def create(self, req: Request) -> Reply:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(req.arg)
         (name,) = wire.names(req.arg[wire.CREATE_IN.size:], 1)
-        fh, attr = await self.fs.create(req.nodeid, _name(name), mode, flags, req.uid, req.gid)
+        session = self.session
+        fh, attr = await self.fs.create(req.nodeid, _name(name), mode, flags, req.uid, req.gid,
+                                        session is not None and session.passthrough)
         try:
             reply = await self._open_reply(attr.ino, fh)
         except BaseException:
