@@ -266,7 +266,7 @@ class Fetcher:
         if (cf, idx) not in self.book.fresh or (cf, idx) in self._read_through:
             return
         self._busy_at = trio.current_time()
-        start, end = self.parts.chunk_range(idx)
+        start, end = self.base_span(cf, idx)  # (a file's last chunk: its bytes, not a part)
         size = end - start
         self._read_through[(cf, idx)] = size
         self._read_through_bytes += size

@@ -175,6 +175,26 @@ def test_chunks_wait_for_the_pause_until_the_files_read_outgrow_the_bound(tmp_pa
     run(body)
 
 
+def test_files_smaller_than_a_part_count_their_bytes_against_the_bound(tmp_path,
+                                                                      monkeypatch):
+    """Eight 2 MiB files read together are 16 MiB, under a 24 MiB bound: all of them wait
+    for the pause (counted as a part each, they went to disk from the fourth file on)."""
+    monkeypatch.setattr(fetcher, "READ_THROUGH_MAX", 3 * PART)
+    monkeypatch.setattr(fetcher, "QUIET_FOR", 60.0)
+    store = MemoryObjectStore()
+    data = {f"shard-{i}": random.randbytes(2 * MiB) for i in range(8)}
+    etags = {name: store.put(name, body, {}) for name, body in data.items()}
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            files = [c.in_s3(name, 2 * MiB, etags[name]) for name in data]
+            for cf, name in zip(files, data, strict=True):
+                assert await c.cache.read(cf, MiB, MiB) == data[name][MiB:]
+            await trio.sleep(0.5)
+            assert not any(cf.chunks[0].direct for cf in files)
+    run(body)
+
+
 def test_a_fetched_chunk_nobody_reads_to_its_end_is_written_back_in_time(tmp_path):
     """A random reader, or readahead past where the reader stops: the chunk leaves the
     page cache FRESH_FOR seconds after its fetch all the same."""
