@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lakefs_mount
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 
 FUSE_DEVICE = Path("/dev/fuse")
 ACL_XATTR = "system.posix_acl_access"

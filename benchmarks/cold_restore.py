@@ -10,10 +10,10 @@ it was at the end.
 
 - `request-size`: fs.fuse.max_pages_limit at 256 (A: 1 MiB requests, the kernel's
   default) against 1024 (B: 4 MiB). The native session asks for at most `MAX_PAGES`
-  (lakefs_mount/kernel/session.py): 256 today, since 4 MiB did not pay
+  (lakefs_mount/fuse/native/session.py): 256 today, since 4 MiB did not pay
   (benchmarks/README.md); set it to 1024 to measure again.
 - `spliced-replies`: fs.pipe-max-size at 1 MiB (A: read replies copied, as a daemon
-  without CAP_SYS_RESOURCE must then) against 2 MiB (B: spliced, lakefs_mount/kernel/
+  without CAP_SYS_RESOURCE must then) against 2 MiB (B: spliced, lakefs_mount/fuse/native/
   splicereply.py). Meaningless where the daemon has CAP_SYS_RESOURCE (both splice).
 """
 

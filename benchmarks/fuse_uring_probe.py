@@ -54,8 +54,8 @@ from pathlib import Path
 
 import trio
 
-from lakefs_mount.kernel import device, wire
-from lakefs_mount.mountpoint import set_kernel_readahead
+from lakefs_mount.fuse.native import device, wire
+from lakefs_mount.ops.mountpoint import set_kernel_readahead
 from lakefs_mount.uring import _sys
 
 ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.asuser import User, fuse_device_for, throwaway_user, wait_gone
-from lakefs_mount.mountpoint import set_kernel_readahead
+from lakefs_mount.ops.mountpoint import set_kernel_readahead
 from lakefs_mount.s3.embedded import EmbeddedS3
 
 MiB = 1024 * 1024

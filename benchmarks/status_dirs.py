@@ -1,4 +1,4 @@
-"""What the per-checkpoint progress of `status` (lakefs_mount/dirprogress.py) costs the
+"""What the per-checkpoint progress of `status` (lakefs_mount/ops/dirprogress.py) costs the
 trio loop, next to the walks `status` did before it, on many pending files.
 
 `status` already walks every cached file once (the pending files) and every chunk of
@@ -28,7 +28,7 @@ from pathlib import Path
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
-from lakefs_mount.dirprogress import DirProgress
+from lakefs_mount.ops.dirprogress import DirProgress
 
 CLI = str(Path(sys.executable).parent / "lakefs-mount")
 
@@ -62,7 +62,7 @@ def _on_a_mount(files: int, dirs: int, rounds: int) -> None:
         start_embedded_s3,
         use_bench_credentials,
     )
-    from lakefs_mount import control
+    from lakefs_mount.ops import control
 
     use_bench_credentials()
     with tempfile.TemporaryDirectory(prefix="status-dirs-", dir="/var/tmp") as tmp:

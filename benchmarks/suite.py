@@ -43,7 +43,7 @@ from benchmarks.targets import (
     use_bench_credentials,
 )
 from benchmarks.workers import MiB, run_parallel, small_object, span
-from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE, writes_can_splice
+from lakefs_mount.fuse.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE, writes_can_splice
 
 GiB = 1 << 30
 HERE = Path(__file__).resolve().parent

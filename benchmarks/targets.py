@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 from lakefs_mount.s3.embedded import EmbeddedS3, free_port
 
 HERE = Path(__file__).resolve().parent

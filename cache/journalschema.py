@@ -48,7 +48,7 @@ name_ops   (v6) namespace changes not yet applied to S3, in the order they were 
            before the change is acknowledged, in the transaction that changes the `files`
            row it goes with; a row goes once its change is in S3.
 late_watches  (v8) keys where a commit that was under way at its file's unlink may still
-           land after the file's DELETE (lakefs_mount.latewrites): `fid` names the file
+           land after the file's DELETE (lakefs_mount.namespace.latewrites): `fid` names the file
            (its objects' META_WRITER), `until` (wall-clock seconds) ends the watch. Added
            in the transaction that ends that DELETE's `name_ops` row, so a crash never
            ends a watch early; rows past `until` go at the next mount.

@@ -105,7 +105,8 @@ class CacheManager:
         self.mark_dirty = self.writer.mark_dirty
         self.take_over_written = self.writer.take_over_written
         self.stream_written = self.writer.stream_written
-        self.passthrough = Passthrough(self)
+        self.passthrough = Passthrough(self.cachefiles, self.book, self.room, self.reader,
+                                       self.writer, parts, metrics)
 
     @property
     def dirty_bytes(self) -> int:

@@ -37,17 +37,17 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING
 
 import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
-from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
-
-if TYPE_CHECKING:
-    from lakefs_mount.cache.manager import CacheManager
-
+from lakefs_mount.cache.cachefiles import CacheFiles
+from lakefs_mount.cache.chunkbook import ChunkBook
+from lakefs_mount.cache.diskroom import DiskRoom
+from lakefs_mount.cache.reader import Reader
+from lakefs_mount.cache.writer import Writer
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, PartMap
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,15 @@ SLOW_TAKE_OVER = float(os.environ.get("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "0"))
 
 
 class Passthrough:
-    def __init__(self, cache: CacheManager) -> None:
-        self.cache = cache
+    def __init__(self, cachefiles: CacheFiles, book: ChunkBook, room: DiskRoom, reader: Reader,
+                 writer: Writer, parts: PartMap, metrics: m.Metrics) -> None:
+        self.cachefiles = cachefiles
+        self.book = book
+        self.room = room
+        self.reader = reader
+        self.writer = writer
+        self.parts = parts
+        self.metrics = metrics
         self.writing: set[CachedFile] = set()  # files with passthrough writers
         self.cores = TEST_CORES or len(os.sched_getaffinity(0))
         self._blocks: weakref.WeakKeyDictionary[CachedFile, int] = weakref.WeakKeyDictionary()
@@ -81,7 +88,7 @@ class Passthrough:
             held = self._first.holds(now, self._cores_busy(now - looked))
             looked = now
             if held:
-                self.cache.metrics[m.STREAMING_HELD] += 1
+                self.metrics[m.STREAMING_HELD] += 1
                 continue
             for cf in list(self.writing):
                 try:
@@ -98,7 +105,7 @@ class Passthrough:
             if cf.fid is None or cf.unlinked:
                 continue
             try:
-                blocks = os.stat(self.cache.cache_path(cf.fid)).st_blocks * 512
+                blocks = os.stat(self.cachefiles.path(cf.fid)).st_blocks * 512
             except OSError:
                 continue
             grew = blocks - self._blocks.get(cf, blocks)
@@ -129,12 +136,12 @@ class Passthrough:
             return  # open, or past S3's largest object (no part of it fits; commits say so)
         assert cf.fid is not None  # (a thread: SEEK_HOLE waits for a write() under way)
         written = await trio.to_thread.run_sync(
-            _written_up_to, self.cache.cache_path(cf.fid), seen[0], abandon_on_cancel=True)
-        behind = self.cache.parts.chunk_of(written - 1) if written else 0
+            _written_up_to, self.cachefiles.path(cf.fid), seen[0], abandon_on_cancel=True)
+        behind = self.parts.chunk_of(written - 1) if written else 0
         todo = [i for i in range(behind) if i not in cf.pt_streamed]
         if todo:
             cf.pt_streamed.update(todo)
-            await self.cache.stream_written(cf, todo)
+            await self.writer.stream_written(cf, todo)
 
     async def enter(self, cf: CachedFile, writable: bool, daemon_opens: int) -> int | None:
         """A new descriptor of the cache file for the kernel to serve this open from, or
@@ -148,7 +155,7 @@ class Passthrough:
             self.writing.add(cf)
         fd = -1
         try:
-            fd = self.cache.open_cache_file(cf)
+            fd = self.cachefiles.open_loose(cf)
             st = os.fstat(fd)
             if cf.pt_opens == 1 and st.st_size != cf.size:
                 # the kernel reads up to the backing file's end: bytes of an older, longer
@@ -165,14 +172,13 @@ class Passthrough:
         return fd
 
     def _may_start(self, cf: CachedFile, writable: bool, daemon_opens: int) -> bool:
-        cache = self.cache
         if daemon_opens or cf.symlink is not None or cf.unlinked or cf.fid is None:
             return False
-        if not cache.holds(cf, 0, cf.size):
+        if not self.reader.holds(cf, 0, cf.size):
             return False
         # a writer the daemon does not see must find room: otherwise the daemon path waits
-        return not writable or (cache.dirty_bytes < cache.max_dirty
-                                and cache.disk_room(set()) >= cache.parts.part_size)
+        return not writable or (self.book.dirty_bytes < self.book.max_dirty
+                                and self.room.disk_room(set()) >= self.parts.part_size)
 
     async def _recorded(self, cf: CachedFile) -> None:
         """The journal knows that the kernel may write the file, before the open is
@@ -184,7 +190,7 @@ class Passthrough:
         try:
             cf.pt_seen = self._stat(cf)
             if not cf.pt_flagged:  # (a file created in passthrough: flagged at its create)
-                await self.cache.save_attrs(cf)  # the journal row, with passthrough = 1
+                await self.writer.save_attrs(cf)  # the journal row, with passthrough = 1
         except BaseException:
             cf.pt_recorded = None
             raise
@@ -254,9 +260,9 @@ class Passthrough:
         if seen != cf.pt_seen:
             self._note_written(cf, seen)
             cf.pt_seen = seen
-            await self.cache.take_over_written(cf, seen[0], self._parts_to_keep(cf))
-        elif cf.pt_writers == 0 and not self.cache.row_covers(cf, cf.size):
-            await self.cache.save_attrs(cf)  # unchanged: the journal row loses its flag
+            await self.writer.take_over_written(cf, seen[0], self._parts_to_keep(cf))
+        elif cf.pt_writers == 0 and not self.writer.row_covers(cf, cf.size):
+            await self.writer.save_attrs(cf)  # unchanged: the journal row loses its flag
 
     def _parts_to_keep(self, cf: CachedFile) -> frozenset[int]:
         """Streamed chunks that need no new upload now: those waiting for theirs, also
@@ -292,7 +298,7 @@ class Passthrough:
 
     def _stat(self, cf: CachedFile) -> tuple[int, int]:
         assert cf.fid is not None
-        st = os.stat(self.cache.cache_path(cf.fid))
+        st = os.stat(self.cachefiles.path(cf.fid))
         return st.st_size, st.st_mtime_ns
 
 

@@ -16,7 +16,7 @@ import click
 
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.config import MountConfig, human_bytes, orphans_dir
-from lakefs_mount.mountpoint import cleanup_stale, is_mounted, is_stale
+from lakefs_mount.ops.mountpoint import cleanup_stale, is_mounted, is_stale
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report the mount
 INTERRUPT_POLL = 0.05  # seconds between looks for a Ctrl-C while waiting for the daemon
@@ -26,9 +26,9 @@ CALL_OFF_WAIT = 5.0  # seconds an interrupted mount waits for its daemon to exit
 def _import_run_mount() -> Callable[[MountConfig, Callable[[str | None], None]], int]:
     """The daemon entry point, imported late: it pulls in pyfuse3, trio and boto3."""
     try:
-        from lakefs_mount.daemon import run_mount
+        from lakefs_mount.daemon.daemon import run_mount
     except ModuleNotFoundError as exc:
-        if exc.name != "lakefs_mount.daemon":
+        if exc.name not in ("lakefs_mount.daemon", "lakefs_mount.daemon.daemon"):
             raise
         raise CliError("this installation has no mount daemon (lakefs_mount.daemon)") from None
     return run_mount

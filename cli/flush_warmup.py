@@ -10,12 +10,12 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
 from lakefs_mount.config import human_bytes
-from lakefs_mount.controlclient import ControlError, ControlTimeout
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.controlclient import ControlError, ControlTimeout
 
 
 def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,

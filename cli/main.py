@@ -20,8 +20,8 @@ from lakefs_mount.cli.orphans import orphans
 from lakefs_mount.cli.publish import COMMANDS as PUBLISH_COMMANDS
 from lakefs_mount.cli.status import status
 from lakefs_mount.cli.unmount import unmount
-from lakefs_mount.controlclient import ControlError
-from lakefs_mount.mountpoint import MountpointError
+from lakefs_mount.ops.controlclient import ControlError
+from lakefs_mount.ops.mountpoint import MountpointError
 from lakefs_mount.s3.objectstore import ObjectStoreError
 
 
@@ -59,7 +59,7 @@ class _Group(click.Group):
         argv = list(sys.argv[1:] if args is None else args)
         if not argv or argv[0] in self.commands or argv[0].startswith("-") or "-o" not in argv:
             return args
-        from lakefs_mount.cli.mount_helper import HelperError, mount_arguments
+        from lakefs_mount.cli.mount_options import HelperError, mount_arguments
 
         try:
             return mount_arguments(argv)[0]

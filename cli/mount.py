@@ -21,7 +21,7 @@ from lakefs_mount.config import (
     parse_source,
 )
 from lakefs_mount.logsetup import LOG_FORMATS
-from lakefs_mount.mountpoint import (
+from lakefs_mount.ops.mountpoint import (
     MountpointError,
     check_cache_dir,
     check_mountpoint,

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes
-from lakefs_mount.controlclient import ControlTimeout
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.controlclient import ControlTimeout
 
 
 @click.group()

@@ -1,5 +1,5 @@
 """`lakefs-mount commit` and `lakefs-mount verify`: publish a checkpoint directory with
-its manifest, and check a checkpoint in S3 against it (lakefs_mount/manifest.py).
+its manifest, and check a checkpoint in S3 against it (lakefs_mount/publish/manifest.py).
 
 `commit` and `verify MOUNTPOINT PATH` run in the daemon (control socket): it has the
 credentials, the cache and the retries. `verify s3://...` needs no mount: it talks to
@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes, parse_source
-from lakefs_mount.controlclient import ControlError, ControlTimeout
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.controlclient import ControlError, ControlTimeout
 
 NO_MANIFEST_EXIT = 3
 CONTROL_MARGIN = 60.0  # seconds the CLI waits beyond --timeout for the daemon's answer
@@ -128,9 +128,9 @@ def _verify_s3(ctx: click.Context, source: str, endpoint_url: str | None,
     import trio
 
     from lakefs_mount.metrics import Metrics
+    from lakefs_mount.publish.verify import verify_checkpoint
     from lakefs_mount.s3.aiostore import AsyncStore
     from lakefs_mount.s3.store import S3ObjectStore
-    from lakefs_mount.verify import verify_checkpoint
 
     try:
         bucket, prefix = parse_source(source)

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from lakefs_mount import controlclient
 from lakefs_mount.cli.params import abs_path
 from lakefs_mount.config import human_bytes
+from lakefs_mount.ops import controlclient
 from lakefs_mount.s3.stats import WAITING_AFTER
 
 _SECRET_WORDS = ("secret", "password", "token", "credential", "access_key")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from lakefs_mount import controlclient
 from lakefs_mount.cli.errors import PROG, CliError
 from lakefs_mount.cli.params import abs_path
 from lakefs_mount.cli.progress import ProgressPrinter, left_bytes
 from lakefs_mount.config import human_bytes
-from lakefs_mount.controlclient import ControlError, ControlTimeout, DaemonNotRunning
-from lakefs_mount.mountpoint import MountpointError
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.controlclient import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.ops.mountpoint import MountpointError
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
 
@@ -41,7 +41,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _unmount_without_daemon(mp: Path, error: ControlError) -> None:
     """No daemon answers: detach a dead FUSE mount, otherwise report why nothing happened."""
-    from lakefs_mount import mountpoint as mpt
+    from lakefs_mount.ops import mountpoint as mpt
 
     entry = mpt.find_mount(mp)
     if entry is None:
@@ -63,7 +63,7 @@ def _unmount_without_daemon(mp: Path, error: ControlError) -> None:
               help="Give up on the flush after this long (the mount stays).")
 def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
     """Flush everything to S3, unmount, and wait until the daemon has exited."""
-    from lakefs_mount import mountpoint as mpt
+    from lakefs_mount.ops import mountpoint as mpt
 
     mp = abs_path(mountpoint)
     printer = ProgressPrinter("flushing before unmount")

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from lakefs_mount import controlclient
 from lakefs_mount.config import control_socket_path
-from lakefs_mount.mountpoint import read_mountinfo
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.mountpoint import read_mountinfo
 
 FSTYPE = "fuse.lakefs-mount"
 

@@ -24,3 +24,10 @@ async def each_bounded(fn: Callable[[T], Awaitable[object]], items: Iterable[T],
                 nursery.start_soon(one, item)
     except ExceptionGroup as group:
         raise group.exceptions[0] from group
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The first exception inside nested exception groups (trio's nurseries wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

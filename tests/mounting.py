@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from lakefs_mount.config import control_socket_path
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 
 CLI = str(Path(sys.executable).parent / "lakefs-mount")
 

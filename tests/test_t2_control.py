@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from lakefs_mount import controlclient
-from lakefs_mount.control import FlushFailed, serve_control
-from lakefs_mount.controlclient import (
+from lakefs_mount.ops import controlclient
+from lakefs_mount.ops.control import FlushFailed, serve_control
+from lakefs_mount.ops.controlclient import (
     ControlError,
     ControlTimeout,
     DaemonNotRunning,
@@ -155,7 +155,7 @@ def test_garbage_request_does_not_kill_server(server):
 def test_running_out_of_descriptors_does_not_kill_the_server(server, caplog):
     """accept() failing with EMFILE is waited out: the daemon must keep serving its mount
     (it crashed, leaving a dead mount, when a huge training set used up its descriptors)."""
-    caplog.set_level(logging.WARNING, logger="lakefs_mount.control")
+    caplog.set_level(logging.WARNING, logger="lakefs_mount.ops.control")
     client = socket.socket(socket.AF_UNIX)  # made while descriptors are still free
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     hogs: list[int] = []

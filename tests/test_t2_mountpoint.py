@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefs_mount.mountpoint import (
+from lakefs_mount.ops.mountpoint import (
     MountpointError,
     check_cache_dir,
     check_mountpoint,

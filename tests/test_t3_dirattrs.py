@@ -8,7 +8,8 @@ import stat
 import trio
 from memstore import MemoryObjectStore
 
-from lakefs_mount.dirattrs import (
+from lakefs_mount.metrics import Metrics
+from lakefs_mount.namespace.dirattrs import (
     SIDECAR_ROOT,
     DirAttrs,
     DirStat,
@@ -16,7 +17,6 @@ from lakefs_mount.dirattrs import (
     probe_markers,
     sidecar_fits,
 )
-from lakefs_mount.metrics import Metrics
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
 from lakefs_mount.s3.objectstore import MAX_KEY_BYTES

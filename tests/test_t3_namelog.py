@@ -1,4 +1,4 @@
-"""The namespace write-back log (lakefs_mount/namelog.py) against the in-memory store:
+"""The namespace write-back log (lakefs_mount/namespace/namelog.py) against the in-memory store:
 the order of dependent changes, replay after a crash, and what listings are told.
 End to end through a mount and SeaweedFS: test_t4_namespace_writeback.py."""
 
@@ -13,7 +13,7 @@ from memstore import MemoryObjectStore
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.journal import Journal
-from lakefs_mount.namelog import DELETE, DIR, MOVE, RMDIR, NameLog, overlap
+from lakefs_mount.namespace.namelog import DELETE, DIR, MOVE, RMDIR, NameLog, overlap
 from lakefs_mount.s3.aiostore import AsyncStore
 
 ATTRS = json.dumps({"mode": 0o40755, "uid": 0, "gid": 0, "mtime_ns": 1, "replace": False})

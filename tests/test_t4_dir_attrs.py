@@ -9,7 +9,7 @@ import sqlite3
 import stat
 import time
 
-from lakefs_mount.dirattrs import JOURNAL_META, SIDECAR_ROOT, entry_folder
+from lakefs_mount.namespace.dirattrs import JOURNAL_META, SIDECAR_ROOT, entry_folder
 
 OLD_NS = 1_577_836_800_123_456_789  # 2020-01-01
 

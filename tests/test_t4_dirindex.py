@@ -12,7 +12,8 @@ import pytest
 import trio
 from memstore import MemoryObjectStore
 
-from lakefs_mount.dirindex import (
+from lakefs_mount.metrics import Metrics
+from lakefs_mount.namespace.dirindex import (
     INDEX_FOLDER,
     RESERVED_NAME,
     DirIndex,
@@ -22,7 +23,6 @@ from lakefs_mount.dirindex import (
     index_folder,
     parent_dir_key,
 )
-from lakefs_mount.metrics import Metrics
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import AccessDenied
 

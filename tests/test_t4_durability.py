@@ -16,7 +16,7 @@ import pytest
 from mounting import cli
 from reliability import Row
 
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)

@@ -1,4 +1,4 @@
-"""Namespace changes are written back like data (lakefs_mount/namelog.py, issue 30).
+"""Namespace changes are written back like data (lakefs_mount/namespace/namelog.py, issue 30).
 
 mkdir, rmdir, unlink and rename return once the journal has them, also while S3 is down;
 the flusher applies them in order when S3 is back, a flush waits for them, and a kill -9

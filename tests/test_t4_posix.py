@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from mounting import Mount
 
-from lakefs_mount.dirattrs import SIDECAR_OVERHEAD
-from lakefs_mount.dirindex import RESERVED_NAME
+from lakefs_mount.namespace.dirattrs import SIDECAR_OVERHEAD
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
 

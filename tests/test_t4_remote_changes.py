@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lakefs_mount.fs import ATTR_TIMEOUT
+from lakefs_mount.fs.filesystem import ATTR_TIMEOUT
 
 TTL = 0.5  # --metadata-ttl: the daemon lists the directory again after this
 ATTEMPTS = 5

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lakefs_mount.mountpoint import SYSFS_BDI, find_mount
+from lakefs_mount.ops.mountpoint import SYSFS_BDI, find_mount
 
 MiB = 1024 * 1024
 PART = 8 * MiB

@@ -1,5 +1,5 @@
-"""Spliced FUSE I/O: write requests under pyfuse3 (lakefs_mount/splice.py) and read replies
-under the native session (lakefs_mount/kernel/splicereply.py). `status` and the log say
+"""Spliced FUSE I/O: write requests under pyfuse3 (lakefs_mount/fuse/splice.py) and read replies
+under the native session (lakefs_mount/fuse/native/splicereply.py). `status` and the log say
 whether this machine allows them, the daemon does what they say, and the data is right
 either way. fs.pipe-max-size is set for each case and restored afterwards."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
+from lakefs_mount.fuse.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
 MiB = 1 << 20
 CAP_SYS_RESOURCE = 24

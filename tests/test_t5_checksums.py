@@ -29,8 +29,8 @@ from mounting import CLI, Mount, cli
 
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import MIGRATIONS, PendingFile
-from lakefs_mount.dirindex import INDEX_FOLDER
-from lakefs_mount.manifest import MANIFEST_NAME, encode_crc
+from lakefs_mount.namespace.dirindex import INDEX_FOLDER
+from lakefs_mount.publish.manifest import MANIFEST_NAME, encode_crc
 from lakefs_mount.s3 import trailer
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.store import S3ObjectStore

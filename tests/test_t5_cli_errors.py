@@ -24,7 +24,7 @@ from lakefs_mount.cli.main import cli
 from lakefs_mount.cli.progress import describe_progress
 from lakefs_mount.cli.status import format_status
 from lakefs_mount.logsetup import RedactingFilter, redact, register_secret, setup_logging
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 
 MOUNT_OPTIONS = [
     "--cache-dir", "--cache-size", "--max-dirty", "--endpoint-url", "--region", "--profile",
@@ -154,7 +154,7 @@ FAKE_DAEMON = textwrap.dedent("""
 
     def run_mount(config, report_ready):
         import logging
-        logging.getLogger("lakefs_mount.daemon").info("fake daemon starting, mode %s", mode)
+        logging.getLogger("lakefs_mount.daemon.daemon").info("fake daemon starting, mode %s", mode)
         if mode == "ok":
             report_ready(None)
             return 0
@@ -166,7 +166,7 @@ FAKE_DAEMON = textwrap.dedent("""
             os._exit(3)
         raise RuntimeError("boom in run_mount")
 
-    sys.modules["lakefs_mount.daemon"] = types.SimpleNamespace(run_mount=run_mount)
+    sys.modules["lakefs_mount.daemon.daemon"] = types.SimpleNamespace(run_mount=run_mount)
     from lakefs_mount.cli.main import cli
     cli(sys.argv[1:])
 """)
@@ -278,7 +278,7 @@ FAKE_SERVING_DAEMON = textwrap.dedent("""
     import os, stat, sys, trio, pyfuse3
     from pathlib import Path
     from lakefs_mount.config import control_socket_path
-    from lakefs_mount.control import serve_control
+    from lakefs_mount.ops.control import serve_control
 
     class Ops(pyfuse3.Operations):
         async def getattr(self, inode, ctx=None):

@@ -25,7 +25,7 @@ from mounting import CLI, Mount, _wait_gone, cli
 from reliability import Row
 from tlsproxy import TlsProxy
 
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 from lakefs_mount.s3 import embedded
 from lakefs_mount.s3.embedded import EmbeddedS3, EmbeddedS3Error, free_port
 

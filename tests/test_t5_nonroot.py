@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.asuser import FUSE_DEVICE, User, fuse_device_for, throwaway_user, wait_gone
-from lakefs_mount.mountpoint import find_mount, is_mounted
+from lakefs_mount.ops.mountpoint import find_mount, is_mounted
 
 NOBODY = 65534
 

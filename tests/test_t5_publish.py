@@ -19,7 +19,7 @@ import pytest
 from mounting import CLI, cli
 from test_t5_s3_black_hole import wait_for
 
-from lakefs_mount.manifest import MANIFEST_NAME, encode_crc
+from lakefs_mount.publish.manifest import MANIFEST_NAME, encode_crc
 
 MiB = 1024 * 1024
 
@@ -203,7 +203,7 @@ def test_python_api_flushes_commits_and_reports_status(mount, s3, tmp_path):
     assert s3.head("api/w.bin").size == 4096
     result = lakefs_mount.commit(str(mount.path / "api"), expect_files=1, timeout=30)
     assert result["files"] == 1 and result["manifest"] == "api/" + MANIFEST_NAME
-    assert lakefs_mount.verify(mount.path / "api")["ok"] is True
+    assert lakefs_mount.publish.verify(mount.path / "api")["ok"] is True
     assert lakefs_mount.status(mount.path)["pid"] == mount.pid
     from lakefs_mount.api import locate
 
@@ -274,7 +274,7 @@ def test_an_object_is_hashed_only_in_the_version_listed(s3):
     import trio
 
     from lakefs_mount.metrics import Metrics
-    from lakefs_mount.objecthash import ObjectChanged, ObjectHasher
+    from lakefs_mount.publish.objecthash import ObjectChanged, ObjectHasher
     from lakefs_mount.s3.aiostore import AsyncStore
 
     data = os.urandom(3 * MiB + 1)

@@ -22,7 +22,7 @@ from test_t5_publish import _manifest, _running
 from test_t5_s3_black_hole import wait_for
 from test_t7_frameworks import _dcp_load_and_compare, _dcp_save, _ok
 
-from lakefs_mount.manifest import MANIFEST_NAME
+from lakefs_mount.publish.manifest import MANIFEST_NAME
 
 MIB_PER_RANK = 2
 TTL = 0.5  # --metadata-ttl of the nodes that look at each other's objects

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from lakefs_mount import metrics as m
 from lakefs_mount.cli.main import cli
 from lakefs_mount.config import parse_metrics_addr
-from lakefs_mount.metrics_server import MetricsServer
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.metrics_server import MetricsServer
+from lakefs_mount.ops.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 SCRAPE_INTERVAL = 0.2

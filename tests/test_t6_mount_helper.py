@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from test_t2_mountpoint import needs_fuse, needs_root
 
 from lakefs_mount.cli.main import cli
-from lakefs_mount.cli.mount_helper import HelperError, mount_arguments, translate
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.cli.mount_options import HelperError, mount_arguments, translate
+from lakefs_mount.ops.mountpoint import is_mounted
 
 HELPER_LINK = Path("/sbin/mount.fuse.lakefs-mount")
 HELPER = Path(sys.executable).parent / "mount.fuse.lakefs-mount"

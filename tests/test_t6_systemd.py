@@ -17,8 +17,8 @@ import pytest
 from mounting import CLI
 from test_t2_mountpoint import needs_fuse, needs_root
 
-from lakefs_mount import sdnotify
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops import sdnotify
+from lakefs_mount.ops.mountpoint import is_mounted
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "packaging" / "lakefs-mount@.service"

@@ -77,4 +77,4 @@ def test_wheel_installs_into_a_fresh_venv_and_its_commands_run(dist, tmp_path):
         venv / "bin" / "mount.fuse.lakefs-mount", "--help").stdout
     # the daemon's imports (pyfuse3, trio, boto3, prometheus-client) resolve there too
     _run(venv / "bin" / "python", "-I", "-c",
-         "import lakefs_mount.daemon, lakefs_mount.metrics_server", cwd=tmp_path)
+         "import lakefs_mount.daemon.daemon, lakefs_mount.ops.metrics_server", cwd=tmp_path)

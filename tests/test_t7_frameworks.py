@@ -133,7 +133,7 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import torch  # noqa: E402  (installed by packaging/setup.sh: the `frameworks` extra)
 
-from lakefs_mount.dirindex import RESERVED_NAME  # noqa: E402
+from lakefs_mount.namespace.dirindex import RESERVED_NAME  # noqa: E402
 
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.report import fill_ratios, point
-from lakefs_mount.splice import PIPE_MAX_SIZE, writes_can_splice
+from lakefs_mount.fuse.splice import PIPE_MAX_SIZE, writes_can_splice
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "resources")

@@ -40,7 +40,7 @@ from reliability import Row
 from test_t4_durability import crash_with_pending_files
 
 import lakefs_mount
-from lakefs_mount.mountpoint import is_mounted
+from lakefs_mount.ops.mountpoint import is_mounted
 
 MiB = 1024 * 1024
 SEED = 29

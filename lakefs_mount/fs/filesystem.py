@@ -24,11 +24,11 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.filespan import FileSpan, SendSpan
-from lakefs_mount.fserrors import FSError, s3_errors
-from lakefs_mount.fsinodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle
-from lakefs_mount.fsnames import NameOps
-from lakefs_mount.inode import ROOT_INO, Kind
-from lakefs_mount.namespace import SMALL_OBJECT_MAX
+from lakefs_mount.fs.errors import FSError, s3_errors
+from lakefs_mount.fs.inodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle
+from lakefs_mount.fs.names import NameOps
+from lakefs_mount.namespace.inode import ROOT_INO, Kind
+from lakefs_mount.namespace.namespace import SMALL_OBJECT_MAX
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
 
 __all__ = ["ATTR_TIMEOUT", "BLKSIZE", "Attr", "FileSystem"]  # (what the sessions use)

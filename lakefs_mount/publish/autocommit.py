@@ -12,15 +12,11 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import trio
 
-from lakefs_mount.namelog import MOVE
-from lakefs_mount.publish import commit_request, no_progress
-
-if TYPE_CHECKING:
-    from lakefs_mount.daemon import Daemon
+from lakefs_mount.namespace.namelog import MOVE
+from lakefs_mount.publish.publisher import CommittingMount, commit_request, no_progress
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +28,7 @@ class RenameCommits:
     """Notices directory renames to a name matching `pattern` (the namespace log tells
     `noticed` of each change it records) and commits each."""
 
-    def __init__(self, daemon: Daemon, pattern: str) -> None:
+    def __init__(self, daemon: CommittingMount, pattern: str) -> None:
         self.daemon = daemon
         self.pattern = pattern
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](math.inf)

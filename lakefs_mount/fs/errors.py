@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from lakefs_mount.dirattrs import DirAttrs, sidecar_fits
+from lakefs_mount.namespace.dirattrs import DirAttrs, sidecar_fits
 from lakefs_mount.s3.objectstore import MAX_KEY_BYTES, ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 (as only `uring/` knows io_uring). It drives the same `FileSystem` core as the pyfuse3
 adapter and adds what libfuse 3.14 cannot negotiate: kernel passthrough, 1 MiB requests."""
 
-from lakefs_mount.kernel.device import DeviceError
-from lakefs_mount.kernel.ops import KernelOps
-from lakefs_mount.kernel.session import NativeSession
+from lakefs_mount.fuse.native.device import DeviceError
+from lakefs_mount.fuse.native.ops import KernelOps
+from lakefs_mount.fuse.native.session import NativeSession
 
 __all__ = ["DeviceError", "KernelOps", "NativeSession"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import trio
 
 from lakefs_mount.cache.asyncjournal import AsyncJournal
-from lakefs_mount.dirindex import RESERVED_NAME
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs
 from lakefs_mount.s3.objectstore import MAX_KEY_BYTES, ObjectInfo, ObjectStoreError

@@ -13,12 +13,12 @@ import trio
 
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.fserrors import FSError, check_dir_key, check_key, s3_errors
-from lakefs_mount.inode import ROOT_INO, Inode, Kind, valid_name
-from lakefs_mount.namelog import DIR, NameLog, dir_arg
-from lakefs_mount.namespace import Namespace
-from lakefs_mount.renames import Renames, dir_stat
+from lakefs_mount.fs.errors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.fs.renames import Renames, dir_stat
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
+from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, valid_name
+from lakefs_mount.namespace.namelog import DIR, NameLog, dir_arg
+from lakefs_mount.namespace.namespace import Namespace
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
 from lakefs_mount.s3.objectstore import ObjectStoreError
 

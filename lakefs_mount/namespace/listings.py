@@ -17,13 +17,13 @@ import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.dirindex import RESERVED_NAME
-from lakefs_mount.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
-from lakefs_mount.invalidations import Invalidations
-from lakefs_mount.namelog import NameLog
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
+from lakefs_mount.namespace.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
+from lakefs_mount.namespace.invalidations import Invalidations
+from lakefs_mount.namespace.namelog import NameLog
+from lakefs_mount.namespace.tree import Tree
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
-from lakefs_mount.tree import Tree
 
 log = logging.getLogger(__name__)
 

@@ -20,22 +20,25 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import Journal
-from lakefs_mount.config import mount_id
-from lakefs_mount.dirprogress import CommitUnderWay
-from lakefs_mount.manifest import MANIFEST_NAME, Entry, build, encode_crc
-from lakefs_mount.objecthash import ObjectHasher
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.config import MountConfig, mount_id
+from lakefs_mount.namespace.invalidations import Invalidations
+from lakefs_mount.namespace.namespace import Namespace
+from lakefs_mount.ops.dirprogress import CommitUnderWay, DirProgress
+from lakefs_mount.publish.manifest import MANIFEST_NAME, Entry, build, encode_crc
+from lakefs_mount.publish.objecthash import ObjectHasher
+from lakefs_mount.publish.verify import listed_under, verify_checkpoint
+from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs, encode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo
-from lakefs_mount.verify import listed_under, verify_checkpoint
-
-if TYPE_CHECKING:
-    from lakefs_mount.daemon import Daemon
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,23 @@ HEADS_AT_ONCE = 16
 PENDING_META = "pending_commits"  # journal meta: path -> the commit request under way
 RESUMED_TIMEOUT = 600.0  # seconds a resumed commit without a --timeout waits for files
 MANIFEST_PUT_ATTEMPTS = 6
+
+
+class CommittingMount(Protocol):
+    """What a commit asks of the mount it runs in (the daemon)."""
+
+    config: MountConfig
+    store: AsyncStore
+    journal: AsyncJournal
+    cache: CacheManager
+    flusher: Flusher
+    ns: Namespace
+    invalidations: Invalidations  # (the kernel is told of the manifest at once)
+    dirs: DirProgress  # (status shows each commit's stage)
+    index_writer: str  # this cache's id, named in the manifest
+
+    async def flush(self, path: str | None,
+                    progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]: ...
 
 
 class CommitFailed(ValueError):
@@ -82,7 +102,7 @@ def _user() -> str:
 class Publisher:
     """The commit of one directory of the daemon's mount."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: CommittingMount) -> None:
         self.daemon = daemon
         self.store = daemon.store
         self.cache = daemon.cache
@@ -244,7 +264,8 @@ def _set_pending(journal: Journal, path: str, request: dict | None) -> None:
     journal.set_meta(PENDING_META, json.dumps(pending, sort_keys=True))
 
 
-async def commit_request(daemon: Daemon, request: dict, progress: Progress) -> dict[str, Any]:
+async def commit_request(daemon: CommittingMount, request: dict,
+                         progress: Progress) -> dict[str, Any]:
     """A commit, recorded in the journal while it runs: a crash before its manifest is
     in S3 leaves the record, and the next mount finishes it (`resume_pending_commits`).
     One that ends (done, failed, interrupted) forgets it: its caller heard how it went."""
@@ -260,7 +281,7 @@ async def commit_request(daemon: Daemon, request: dict, progress: Progress) -> d
             await daemon.journal(_set_pending, daemon.journal.sync, path, None)
 
 
-async def resume_pending_commits(daemon: Daemon) -> None:
+async def resume_pending_commits(daemon: CommittingMount) -> None:
     """Finish the commits a crashed mount left (journal), each as it was asked for; one
     without a --timeout waits at most RESUMED_TIMEOUT for the files it expects."""
     found = await daemon.journal(daemon.journal.sync.get_meta, PENDING_META)
@@ -288,7 +309,7 @@ async def no_progress(_: dict) -> None:
     return None
 
 
-async def verify_path(daemon: Daemon, path: str) -> dict[str, Any]:
+async def verify_path(daemon: CommittingMount, path: str) -> dict[str, Any]:
     """`verify MOUNTPOINT PATH`, in the daemon (its credentials, its retries)."""
     path = path.strip("/")
     prefix = daemon.config.prefix + (path + "/" if path else "")

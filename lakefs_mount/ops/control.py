@@ -39,7 +39,8 @@ from typing import Any, Protocol
 import trio
 
 from lakefs_mount.cache.flusher import FlushFailed  # a handler's flush raises it
-from lakefs_mount.controlclient import MAX_LINE, ControlError
+from lakefs_mount.concurrency import first_cause
+from lakefs_mount.ops.controlclient import MAX_LINE, ControlError
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +208,6 @@ async def _serve_connection(conn: trio.socket.SocketType, handler: ControlHandle
         log.debug("control connection ended early: %r", exc)
     except Exception:
         log.exception("control connection failed")
-
-
-def first_cause(exc: BaseException) -> BaseException:
-    """The first exception inside nested exception groups (trio's nurseries wrap them)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
 
 
 async def _while_client_waits(stream: trio.SocketStream, op: str,

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
-from lakefs_mount.fserrors import errno_of
+from lakefs_mount.fs.errors import errno_of
+from lakefs_mount.fs.filesystem import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,7 +124,7 @@ class FuseOperations(pyfuse3.Operations):
         if data is not None:
             # the kernel keeps these pages (the open below says keep_cache); from a thread,
             # as the kernel may hold the STORE until a READ of those pages is answered by
-            # this loop (issue 31 saw that deadlock; see lakefs_mount/invalidations.py)
+            # this loop (issue 31 saw that deadlock; see lakefs_mount/namespace/invalidations.py)
             try:
                 await trio.to_thread.run_sync(
                     pyfuse3.notify_store, inode, 0, data)  # type: ignore[arg-type]  # any buffer

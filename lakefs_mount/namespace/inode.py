@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.dirindex import RESERVED_NAME
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
 from lakefs_mount.s3.layout import SPECIAL_TYPES
 
 ROOT_INO = 1

@@ -9,17 +9,16 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from lakefs_mount.filespan import FileSpan
-from lakefs_mount.fs import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
-from lakefs_mount.fserrors import errno_of
-from lakefs_mount.kernel import device, wire
-
-if TYPE_CHECKING:
-    from lakefs_mount.kernel.session import NativeSession, Request
+from lakefs_mount.fs.errors import errno_of
+from lakefs_mount.fs.filesystem import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
+from lakefs_mount.fuse.native import device, wire
+from lakefs_mount.fuse.native.splicereply import SplicedReplies
+from lakefs_mount.fuse.native.wire import Request
 
 
 class Sent:
@@ -29,7 +28,21 @@ class Sent:
 SENT = Sent()
 # A reply: an errno (0 = success without data), a payload, payload pieces, or SENT.
 Reply = int | bytes | memoryview | list[bytes | memoryview] | Sent
-Handler = Callable[["Request"], Awaitable[Reply]]
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+class Connection(Protocol):
+    """What the adapter needs of the session that serves it: the device, whether the
+    kernel agreed to passthrough, and the replies and notifications it sends itself."""
+
+    fd: int
+    passthrough: bool
+    spliced_replies: SplicedReplies | None
+
+    def send_span(self, unique: int, span: FileSpan) -> bool: ...
+
+    async def notify_from_thread(self, code: wire.Notify,
+                                 parts: list[bytes | memoryview]) -> bool: ...
 
 log = logging.getLogger(__name__)
 # What a FUSE_INTERRUPT may cancel: requests that change nothing before their last wait
@@ -60,7 +73,7 @@ class KernelOps:
 
     def __init__(self, fs: FileSystem) -> None:
         self.fs = fs
-        self.session: NativeSession | None = None
+        self.session: Connection | None = None
         # FUSE passthrough: the kernel takes one backing file per inode at a time, so
         # every open of an inode shares its id: {ino: [backing id, opens]}, {fh: ino}
         self._backing: dict[int, list[int]] = {}
@@ -81,7 +94,7 @@ class KernelOps:
             wire.Op.DESTROY: self.nothing,
         }
 
-    def attach(self, session: NativeSession) -> None:
+    def attach(self, session: Connection) -> None:
         self.session = session
 
     def detach(self) -> None:

@@ -19,49 +19,50 @@ from typing import Any
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount import sdnotify
-from lakefs_mount.autocommit import RenameCommits
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.flusher import Flusher, FlushFailed
 from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
+from lakefs_mount.concurrency import first_cause
 from lakefs_mount.config import (
     MountConfig,
     control_socket_path,
     orphans_dir,
 )
-from lakefs_mount.control import ControlError, first_cause, serve_control
-from lakefs_mount.dirattrs import open_dir_attrs
-from lakefs_mount.dirindex import parent_dir_key
-from lakefs_mount.dirprogress import DirProgress
-from lakefs_mount.fs import FileSystem
-from lakefs_mount.fserrors import FSError
-from lakefs_mount.fuse_ops import Pyfuse3Session
-from lakefs_mount.invalidations import Invalidations
-from lakefs_mount.kernel import DeviceError, KernelOps, NativeSession
-from lakefs_mount.latewrites import LateWrites
-from lakefs_mount.metrics_server import MetricsServer
-from lakefs_mount.mountpoint import set_kernel_readahead
-from lakefs_mount.namelog import NameLog
-from lakefs_mount.namespace import Namespace
-from lakefs_mount.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
-from lakefs_mount.publish import commit_request, resume_pending_commits, verify_path
-from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.checksums import probe_endpoint
-from lakefs_mount.s3.layout import PartMap
-from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
-from lakefs_mount.s3.stats import S3Stats, TimedStore
-from lakefs_mount.splice import advice as splice_advice
-from lakefs_mount.splice import writes_can_splice
-from lakefs_mount.startup import (
+from lakefs_mount.daemon.startup import (
     STARTUP_ERRORS,
     StartupError,
     cache_fd_budget,
     prepare,
     startup_failure,
 )
+from lakefs_mount.fs.errors import FSError
+from lakefs_mount.fs.filesystem import FileSystem
+from lakefs_mount.fuse.native import DeviceError, KernelOps, NativeSession
+from lakefs_mount.fuse.pyfuse3_ops import Pyfuse3Session
+from lakefs_mount.fuse.splice import advice as splice_advice
+from lakefs_mount.fuse.splice import writes_can_splice
+from lakefs_mount.namespace.dirattrs import open_dir_attrs
+from lakefs_mount.namespace.dirindex import DirIndex, parent_dir_key
+from lakefs_mount.namespace.invalidations import Invalidations
+from lakefs_mount.namespace.latewrites import LateWrites
+from lakefs_mount.namespace.namelog import NameLog
+from lakefs_mount.namespace.namespace import Namespace
+from lakefs_mount.ops import sdnotify
+from lakefs_mount.ops.control import ControlError, serve_control
+from lakefs_mount.ops.dirprogress import DirProgress
+from lakefs_mount.ops.metrics_server import MetricsServer
+from lakefs_mount.ops.mountpoint import set_kernel_readahead
+from lakefs_mount.ops.orphans import DEFAULT_DIR, OrphanUploader, list_orphans
+from lakefs_mount.publish.autocommit import RenameCommits
+from lakefs_mount.publish.publisher import commit_request, resume_pending_commits, verify_path
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.checksums import probe_endpoint
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
+from lakefs_mount.s3.stats import S3Stats, TimedStore
 from lakefs_mount.uring import open_engine
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,17 @@ INDEX_WRITE_TIMEOUT = 15.0
 
 class Daemon:
     """Everything of one mount that lives in the trio loop."""
+
+    # built by run(), inside the I/O engine's context
+    cache: CacheManager
+    late_writes: LateWrites
+    names: NameLog
+    ns: Namespace
+    index: DirIndex
+    flusher: Flusher
+    orphan_uploader: OrphanUploader
+    fs: FileSystem
+    session: NativeSession | Pyfuse3Session
 
     def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
         self.config = config

@@ -10,7 +10,7 @@ import itertools
 import time
 
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.inode import ROOT_INO, Inode, Kind, kind_of
+from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, kind_of
 
 
 class Tree:

@@ -30,8 +30,8 @@ from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.flusher import ERRORS_BEFORE_FLUSH_FAILS, FlushFailed
 from lakefs_mount.cache.journalschema import NameOpRow
 from lakefs_mount.concurrency import each_bounded
-from lakefs_mount.dirattrs import DirAttrs, DirStat
-from lakefs_mount.latewrites import LateWrites
+from lakefs_mount.namespace.dirattrs import DirAttrs, DirStat
+from lakefs_mount.namespace.latewrites import LateWrites
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo, ObjectStoreError

@@ -16,12 +16,19 @@ import trio
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.concurrency import each_bounded
-from lakefs_mount.dirattrs import DirAttrs
-from lakefs_mount.dirindex import DirIndex, IndexEntry
-from lakefs_mount.inode import DEFAULT_DIR_MODE, ROOT_INO, Inode, Kind, kind_of, valid_name
-from lakefs_mount.invalidations import Invalidations
-from lakefs_mount.listings import Listed, UnderWay
-from lakefs_mount.namelog import NameLog
+from lakefs_mount.namespace.dirattrs import DirAttrs
+from lakefs_mount.namespace.dirindex import DirIndex, IndexEntry
+from lakefs_mount.namespace.inode import (
+    DEFAULT_DIR_MODE,
+    ROOT_INO,
+    Inode,
+    Kind,
+    kind_of,
+    valid_name,
+)
+from lakefs_mount.namespace.invalidations import Invalidations
+from lakefs_mount.namespace.listings import Listed, UnderWay
+from lakefs_mount.namespace.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import decode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError

@@ -23,8 +23,8 @@ import mmap
 import os
 
 from lakefs_mount.filespan import FileSpan
-from lakefs_mount.kernel import wire
-from lakefs_mount.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
+from lakefs_mount.fuse.native import wire
+from lakefs_mount.fuse.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.fserrors import FSError, s3_errors
-from lakefs_mount.fsinodes import RENAME_NOREPLACE, Attr, InodeOps
-from lakefs_mount.inode import ROOT_INO, Inode, Kind, kind_of
-from lakefs_mount.namelog import DELETE, RMDIR
+from lakefs_mount.fs.errors import FSError, s3_errors
+from lakefs_mount.fs.inodes import RENAME_NOREPLACE, Attr, InodeOps
+from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, kind_of
+from lakefs_mount.namespace.namelog import DELETE, RMDIR
 from lakefs_mount.s3.layout import SPECIAL_TYPES
 
 log = logging.getLogger(__name__)

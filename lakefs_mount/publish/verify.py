@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from lakefs_mount.manifest import (
+from lakefs_mount.publish.manifest import (
     MANIFEST_NAME,
     Entry,
     ManifestError,
@@ -21,7 +21,7 @@ from lakefs_mount.manifest import (
     parse,
     part_of_checkpoint,
 )
-from lakefs_mount.objecthash import ObjectHasher
+from lakefs_mount.publish.objecthash import ObjectHasher
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import ObjectStoreError
 

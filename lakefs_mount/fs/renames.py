@@ -17,11 +17,11 @@ import trio
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.dirattrs import DirStat
-from lakefs_mount.fserrors import check_dir_key, check_key, s3_errors
-from lakefs_mount.inode import Inode
-from lakefs_mount.namelog import DELETE, KEPT_UPLOAD, MOVE, NameLog, dir_arg
-from lakefs_mount.namespace import Namespace
+from lakefs_mount.fs.errors import check_dir_key, check_key, s3_errors
+from lakefs_mount.namespace.dirattrs import DirStat
+from lakefs_mount.namespace.inode import Inode
+from lakefs_mount.namespace.namelog import DELETE, KEPT_UPLOAD, MOVE, NameLog, dir_arg
+from lakefs_mount.namespace.namespace import Namespace
 
 log = logging.getLogger(__name__)
 

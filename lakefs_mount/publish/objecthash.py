@@ -11,7 +11,7 @@ from __future__ import annotations
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.control import first_cause
+from lakefs_mount.concurrency import first_cause
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.crc import crc32c_combine, crc32c_of
 from lakefs_mount.s3.objectstore import ObjectStoreError

@@ -15,15 +15,15 @@ import mmap
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from lakefs_mount.filespan import FileSpan
-from lakefs_mount.kernel import device, wire
-from lakefs_mount.kernel.ops import SENT, KernelOps, Reply, Sent
-from lakefs_mount.kernel.splicereply import SplicedReplies
+from lakefs_mount.fuse.native import device, wire
+from lakefs_mount.fuse.native.ops import SENT, KernelOps, Reply, Sent
+from lakefs_mount.fuse.native.splicereply import SplicedReplies
+from lakefs_mount.fuse.native.wire import Request
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +40,6 @@ KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while 
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
 # kernel turns into EOPNOTSUPP for the caller or a fallback of its own (lseek, copy).
 NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET)
-
-
-@dataclass
-class Request:
-    opcode: int
-    unique: int
-    nodeid: int
-    uid: int
-    gid: int
-    pid: int
-    arg: bytes | memoryview  # what follows the header (for WRITE: the fuse_write_in)
-    data: memoryview | None = None  # the bytes of a WRITE, page-aligned in its buffer
 
 
 class _Buffers:

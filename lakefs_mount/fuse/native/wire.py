@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from dataclasses import dataclass
 
 KERNEL_MAJOR = 7
 KERNEL_MINOR = 40  # what we answer: passthrough came with 7.40
@@ -167,3 +168,17 @@ def dirent_size(name: bytes, plus: bool) -> int:
     if plus:
         size += ENTRY_OUT_HEAD.size + ATTR.size
     return size
+
+
+@dataclass
+class Request:
+    """One request as the session read it from the device."""
+
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+    arg: bytes | memoryview  # what follows the header (for WRITE: the fuse_write_in)
+    data: memoryview | None = None  # the bytes of a WRITE, page-aligned in its buffer

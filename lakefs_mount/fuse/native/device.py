@@ -12,7 +12,7 @@ import stat
 import struct
 from pathlib import Path
 
-from lakefs_mount.kernel import fusermount
+from lakefs_mount.fuse.native import fusermount
 
 DEVICE = "/dev/fuse"
 MAX_PAGES_LIMIT = Path("/proc/sys/fs/fuse/max_pages_limit")
