@@ -2,7 +2,7 @@
 CAP_SYS_ADMIN: fusermount3, no passthrough): `with throwaway_user() as user:` makes a
 system user with a private home and a mount point it owns, runs the real CLI as that user,
 and removes its processes, its mount and the user afterwards. Root only. Used by
-tests/test_t5_nonroot.py and benchmarks/nonroot_session.py."""
+tests/ops/test_nonroot.py and benchmarks/nonroot_session.py."""
 
 from __future__ import annotations
 

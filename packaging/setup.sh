@@ -14,6 +14,8 @@
 # 4. /usr/local/bin/lakefs-mount -> <venv>/bin/lakefs-mount, and the mount(8) helper
 #    /sbin/mount.fuse.lakefs-mount -> <venv>/bin/mount.fuse.lakefs-mount (mount(8) looks
 #    for helpers in /sbin only), so `mount -t fuse.lakefs-mount` and fstab lines work.
+#    LAKEFS_MOUNT_NO_LINKS=1 leaves both alone (packaging/test.sh: a test run installs
+#    into a venv of its own and must not re-point the machine's commands at its checkout).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -215,8 +217,10 @@ main() {
     check_python
     ensure_venv
     install_project
-    link_command "$BIN_LINK"
-    link_command "$HELPER_LINK"
+    if [[ -z ${LAKEFS_MOUNT_NO_LINKS:-} ]]; then
+        link_command "$BIN_LINK"
+        link_command "$HELPER_LINK"
+    fi
     say "ready: $("$VENV/bin/lakefs-mount" --version) (venv $VENV)"
 }
 

@@ -1,22 +1,50 @@
 #!/usr/bin/env bash
-# Install what is missing, then lint and run the whole test suite.
+# Install what is missing, then lint and run the tests.
 #
-#   sudo bash packaging/test.sh [extra pytest arguments]
+#   sudo bash packaging/test.sh                    everything: what CI runs (.ci/run)
+#   bash packaging/test.sh --fast                  ruff, mypy, tests/unit and tests/fs (~1 min)
+#   sudo bash packaging/test.sh tests/mount -k x   a slice: pytest arguments as given
+#   sudo bash packaging/test.sh --write-reliability
+#                                                  also rewrite docs/reliability.md from the
+#                                                  fault tests' measured rows
 #
-# Runs packaging/setup.sh (Debian packages, /dev/fuse, the venv with the test extras),
-# then `ruff check .`, `mypy -p lakefs_mount` and `<venv>/bin/python -m pytest -q -ra
-# --timeout=600 tests` from the repository root. Exit status 0 only if ruff and mypy are
-# clean and every test passed; pytest
-# collecting no tests (its exit status 5) is a failure too. CI runs this via .ci/run.
+# Runs packaging/setup.sh (Debian packages, /dev/fuse, a venv with the test extras) into a
+# venv of the checkout's own, <repo>/.venv (override: LAKEFS_MOUNT_VENV), never the
+# machine-wide /opt/lakefs-mount/venv nor its /usr/local/bin and /sbin links. Then
+# `ruff check .`, `mypy -p lakefs_mount` and pytest from the repository root. Exit status 0
+# only if ruff and mypy are clean and every test passed; pytest collecting no tests (its
+# exit status 5) is a failure too.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${LAKEFS_MOUNT_VENV:-/opt/lakefs-mount/venv}"
+export LAKEFS_MOUNT_VENV="${LAKEFS_MOUNT_VENV:-$REPO/.venv}"
+VENV="$LAKEFS_MOUNT_VENV"
+FAST_TIERS=(tests/unit tests/fs)
 
 say() { printf 'test: %s\n' "$*"; }
 
+fast=0
+pytest_args=()
+for arg in "$@"; do
+    case $arg in
+        --fast) fast=1 ;;
+        --write-reliability) pytest_args+=("--write-reliability=$REPO/docs/reliability.md") ;;
+        *) pytest_args+=("$arg") ;;
+    esac
+done
+paths=()
+has_path=0
+for arg in "${pytest_args[@]+"${pytest_args[@]}"}"; do
+    [[ $arg != -* && -e $REPO/${arg%%::*} ]] && has_path=1
+done
+if (( fast )); then
+    paths=("${FAST_TIERS[@]}")
+elif (( ! has_path )); then
+    paths=(tests)
+fi
+
 # systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs)
-LAKEFS_MOUNT_EXTRA_DEBS="systemd" bash "$REPO/packaging/setup.sh"
+LAKEFS_MOUNT_NO_LINKS=1 LAKEFS_MOUNT_EXTRA_DEBS="systemd" bash "$REPO/packaging/setup.sh"
 cd "$REPO"
 
 say "ruff check ."
@@ -31,10 +59,11 @@ if ! "$VENV/bin/mypy" -p lakefs_mount; then
     exit 1
 fi
 
-say "pytest -q -ra --timeout=600 tests $*"
+args=(-q -ra --timeout=600 "${paths[@]+"${paths[@]}"}" "${pytest_args[@]+"${pytest_args[@]}"}")
+say "pytest ${args[*]}"
 started=$SECONDS
 rc=0
-"$VENV/bin/python" -m pytest -q -ra --timeout=600 tests "$@" </dev/null || rc=$?
+"$VENV/bin/python" -m pytest "${args[@]}" </dev/null || rc=$?
 elapsed=$((SECONDS - started))
 
 case $rc in

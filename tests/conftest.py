@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
-from mounting import Mount
-from reliability import Row, document, stamp, update
 
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
+from tests.faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
+from tests.mounting import Mount
+from tests.reliability import DEFAULT_DOC, Row, stamp, update
 
 AUTH_ACCESS_KEY = "lmtestaccesskey"
 AUTH_SECRET_KEY = "lmtestsecretkey0123456789"
@@ -166,7 +166,8 @@ _measuring: set[str] = set()  # node ids of the tests that asked for `reliabilit
 @pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Callable[[Row], None]:
     """`reliability(Row(...))` records a scenario's measured result; the session's rows
-    are merged into docs/reliability.md (or $LAKEFS_MOUNT_RELIABILITY) at its end."""
+    are merged into docs/reliability.md at its end when the run was asked to
+    (`--write-reliability`)."""
     _measuring.add(request.node.nodeid)
 
     def record(row: Row) -> None:
@@ -192,10 +193,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
         terminalreporter.write_line(server.log_tail(15))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-reliability", nargs="?", const=str(DEFAULT_DOC), default=None,
+                     metavar="PATH", help="merge the fault tests' measured rows into "
+                     "docs/reliability.md (or PATH) at the end of the run")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not _measuring:
+    target = session.config.getoption("--write-reliability")
+    if not _measuring or target is None:
         return
     try:
-        update(document(), _recorded, _measuring)
+        update(Path(target), _recorded, _measuring)
     except OSError as exc:  # a read-only checkout: the run itself is not at fault
-        print(f"\nreliability: could not write {document()}: {exc}")
+        print(f"\nreliability: could not write {target}: {exc}")

@@ -1,13 +1,12 @@
 """Measured results of the fault scenarios, and docs/reliability.md rendered from them.
 
 The fault tests hand one row per scenario to the `reliability` fixture (conftest.py);
-at the end of the session every row recorded is merged into docs/reliability.md, so that
-a plain `pytest tests` (CI's run) regenerates the document. The rows are kept as JSON
-lines in a comment at the end of the document: a run of some tests replaces the rows of
-the tests it ran (also those that recorded nothing this time: a scenario that failed
-before measuring is not shown with an old result) and keeps the others.
-$LAKEFS_MOUNT_RELIABILITY names another document to write (
-a path in /tmp keeps the checkout untouched).
+a run with `--write-reliability[=PATH]` (`bash packaging/test.sh --write-reliability`)
+merges every row recorded into docs/reliability.md (or PATH) at the end of the session;
+other runs leave the document alone. The rows are kept as JSON lines in a comment at the
+end of the document: a run of some tests replaces the rows of the tests it ran (also
+those that recorded nothing this time: a scenario that failed before measuring is not
+shown with an old result) and keeps the others.
 
     python tests/reliability.py docs/reliability.md   # re-render without running tests
 """
@@ -23,7 +22,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-DOC_ENV = "LAKEFS_MOUNT_RELIABILITY"
 DEFAULT_DOC = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 _ROWS_BEGIN = "<!-- rows (JSON lines, read back by tests/reliability.py)"
 _ROWS_END = "-->"
@@ -31,16 +29,16 @@ _ROWS_END = "-->"
 
 COVERED_WITHOUT_A_ROW = [
     "Issue 29's other faults and bad input are tested without a measured row: kill -9 with",
-    "S3 down and a resumed multipart upload (`test_t4_durability.py`), each 503 counted in",
-    "`status` and the log (`test_t5_mount_errors.py`), black-holed requests and listings",
-    "(`test_t5_s3_black_hole.py`), namespace changes through an outage and kill -9",
-    "(`test_t4_namespace_writeback.py`), an interrupted warm-up that stops fetching",
-    "(`test_t4_warmup.py`), wrong credentials, a missing bucket, an unreachable endpoint,",
+    "S3 down and a resumed multipart upload (`faults/test_durability.py`), each 503 counted in",
+    "`status` and the log (`ops/test_mount_errors.py`), black-holed requests and listings",
+    "(`faults/test_s3_black_hole.py`), namespace changes through an outage and kill -9",
+    "(`mount/test_namespace_writeback.py`), an interrupted warm-up that stops fetching",
+    "(`mount/test_warmup.py`), wrong credentials, a missing bucket, an unreachable endpoint,",
     "invalid sources, bad mount points and cache directories, a mount point held by a live",
-    "daemon (`test_t5_mount_errors.py`, `test_t5_cli_errors.py`, `test_t2_mountpoint.py`),",
-    "names too long, files over 5 TiB (EFBIG), hard links (`test_t4_posix.py`), xattrs",
-    "(`test_t4_semantics_doc.py`), and other users with `--allow-other`",
-    "(`test_t4_permissions.py`).",
+    "daemon (`ops/test_mount_errors.py`, `ops/test_cli_errors.py`, `ops/test_mountpoint.py`),",
+    "names too long, files over 5 TiB (EFBIG), hard links (`mount/test_posix.py`), xattrs",
+    "(`mount/test_semantics_doc.py`), and other users with `--allow-other`",
+    "(`mount/test_permissions.py`).",
 ]
 
 
@@ -90,14 +88,14 @@ def stamp(row: Row) -> Row:
 
 def merge(old: list[Row], new: list[Row], ran: set[str]) -> list[Row]:
     """The rows of `new`, and those of `old` whose test did not run (`ran`: node ids);
-    one row per scenario, the fault suite's (test_t9_*) first, then by test file, then
+    one row per scenario, the fault tests (tests/faults/) first, then by test file, then
     as recorded."""
     kept = [r for r in old if r.test not in ran and r.scenario not in {n.scenario for n in new}]
     order = {test: i for i, test in enumerate(dict.fromkeys(r.test for r in kept + new))}
 
     def place(row: Row) -> tuple[bool, str, int]:
         file = row.test.split("::")[0]
-        return (not Path(file).name.startswith("test_t9_"), file, order[row.test])
+        return (not file.startswith("tests/faults/"), file, order[row.test])
 
     rows = sorted(kept + new, key=place)
     latest: dict[str, Row] = {}
@@ -156,10 +154,11 @@ def render(rows: list[Row]) -> str:
         "",
         *COVERED_WITHOUT_A_ROW,
         "",
-        "Any test run rewrites the rows of the tests it ran (root and /dev/fuse needed):",
+        "A test run asked to rewrites the rows of the tests it ran (root and /dev/fuse "
+        "needed):",
         "",
         "```sh",
-        "python -m pytest -q tests/test_t9_faults.py   # or the whole suite: pytest tests",
+        "sudo bash packaging/test.sh --write-reliability tests/faults   # or the whole suite",
         "```",
         "",
         _ROWS_BEGIN,
@@ -205,10 +204,6 @@ def update(doc: Path, new: list[Row], ran: set[str]) -> None:
     tmp = doc.with_name(doc.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(doc)
-
-
-def document() -> Path:
-    return Path(os.environ.get(DOC_ENV) or DEFAULT_DOC)
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from mounting import CLI
+from tests.mounting import CLI
 
 READ_SLICE = 0.2  # seconds between checks of the process while nothing is printed
 

@@ -13,7 +13,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from faultproxy import FaultProxy
+from tests.faultproxy import FaultProxy
 
 CERT = Path(__file__).parent / "tls" / "cert.pem"
 KEY = Path(__file__).parent / "tls" / "key.pem"

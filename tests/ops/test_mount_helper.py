@@ -1,0 +1,204 @@
+"""mount(8) and /etc/fstab: `mount -t fuse.lakefs-mount` runs the helper
+`mount.fuse.lakefs-mount`, every option of `lakefs-mount mount` has an `-o name=value`
+spelling, and a plain `umount` leaves every byte in S3 once the daemon has exited."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lakefs_mount.cli.main import cli
+from lakefs_mount.cli.mount_options import HelperError, mount_arguments, translate
+from lakefs_mount.ops.mountpoint import is_mounted
+from tests.ops.test_mountpoint import needs_fuse, needs_root
+
+HELPER_LINK = Path("/sbin/mount.fuse.lakefs-mount")
+HELPER = Path(sys.executable).parent / "mount.fuse.lakefs-mount"
+FSTAB = Path("/etc/fstab")
+EXIT_WAIT = 120.0  # seconds the daemon may take to commit what is left after umount
+MOUNT_COMMAND = cli.commands["mount"]
+
+
+def test_every_mount_option_has_an_o_spelling_with_underscores_or_dashes():
+    for param in MOUNT_COMMAND.params:
+        long_opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if not long_opts or long_opts[0] in ("--foreground", "--help"):
+            continue
+        name = long_opts[0][2:]
+        item = name if param.is_flag else f"{name}=1"
+        expected = [long_opts[0]] if param.is_flag else [long_opts[0], "1"]
+        assert translate([item], MOUNT_COMMAND) == expected
+        assert translate([item.replace("-", "_")], MOUNT_COMMAND) == expected
+
+
+def test_fstab_and_systemd_items_are_passed_over_and_ro_means_read_only():
+    args, _ = mount_arguments(["s3://b/p", "/mnt/x", "-o",
+                               "defaults,noauto,nofail,_netdev,x-systemd.automount,"
+                               "x-systemd.mount-timeout=30,comment=x,ro,cache_size=10G",
+                               "-t", "fuse.lakefs-mount", "-n"])
+    assert args == ["mount", "--read-only", "--cache-size", "10G", "s3://b/p", "/mnt/x"]
+
+
+def test_unknown_items_fail_unless_sloppy_and_foreground_is_not_an_item():
+    with pytest.raises(HelperError, match="unknown mount option 'bogus'"):
+        translate(["bogus=1"], MOUNT_COMMAND)
+    with pytest.raises(HelperError, match="unknown mount option 'foreground'"):
+        translate(["foreground"], MOUNT_COMMAND)
+    assert translate(["bogus=1", "allow_other"], MOUNT_COMMAND, sloppy=True) == \
+        ["--allow-other"]
+
+
+def test_flags_take_no_value_and_options_need_one():
+    with pytest.raises(HelperError, match="takes no value"):
+        translate(["allow_other=1"], MOUNT_COMMAND)
+    with pytest.raises(HelperError, match="needs a value"):
+        translate(["cache_dir"], MOUNT_COMMAND)
+
+
+def test_fake_helper_call_prints_the_mount_command_and_mounts_nothing(tmp_path):
+    proc = subprocess.run([str(HELPER), "s3://b/p", str(tmp_path), "-f",
+                           "-o", "cache_dir=/nvme/c,max_dirty=1G"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (f"mount.fuse.lakefs-mount: lakefs-mount mount --cache-dir "
+                                   f"/nvme/c --max-dirty 1G s3://b/p {tmp_path}")
+    assert not is_mounted(tmp_path)
+
+
+@pytest.fixture
+def helper_link() -> Iterator[None]:
+    """/sbin/mount.fuse.lakefs-mount -> this environment's helper, as setup.sh links it;
+    whatever was there before is put back."""
+    before = os.readlink(HELPER_LINK) if HELPER_LINK.is_symlink() else None
+    if HELPER_LINK.exists() and before is None:
+        pytest.skip(f"{HELPER_LINK} is a file, not a link: not replacing it")
+    HELPER_LINK.unlink(missing_ok=True)
+    HELPER_LINK.symlink_to(HELPER)
+    try:
+        yield
+    finally:
+        HELPER_LINK.unlink(missing_ok=True)
+        if before is not None:
+            HELPER_LINK.symlink_to(before)
+
+
+@pytest.fixture
+def fstab_restored() -> Iterator[Path]:
+    """/etc/fstab as the test found it, byte for byte, however the test ends."""
+    original = FSTAB.read_bytes() if FSTAB.exists() else None
+    try:
+        yield FSTAB
+    finally:
+        if original is None:
+            FSTAB.unlink(missing_ok=True)
+        else:
+            FSTAB.write_bytes(original)
+
+
+def _options(m) -> str:
+    return (f"cache_dir={m.cache_dir},endpoint_url={m.endpoint_url},log_file={m.log_file},"
+            f"log_level=DEBUG,max_dirty=64M,_netdev,noauto,nofail,x-systemd.automount")
+
+
+def _write_checkpoint(root: Path) -> dict[str, bytes]:
+    """A small file and a multipart one (40 MiB: three 16 MiB parts), just closed."""
+    files = {"step_1/meta.json": b'{"step": 1}\n',
+             "step_1/model.bin": os.urandom(40 * 1024 * 1024)}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def _umount_and_wait(m) -> None:
+    """Plain umount(8), then wait for the daemon to commit and exit."""
+    pid = m.pid
+    proc = subprocess.run(["umount", str(m.path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not is_mounted(m.path)
+    deadline = time.monotonic() + EXIT_WAIT
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), f"daemon still running:\n{m.log_tail()}"
+    m.pid = None
+
+
+def _assert_in_s3(s3, files: dict[str, bytes]) -> None:
+    for key, data in files.items():
+        got = s3.get(key)
+        assert got is not None, f"{key} is not in S3"
+        assert got[1] == data, f"{key}: {len(got[1])} bytes in S3, {len(data)} written"
+
+
+@needs_root
+@needs_fuse
+@pytest.mark.parametrize("session", ["native", "pyfuse3"])
+def test_mount_t_fuse_lakefs_mount_mounts_and_umount_leaves_every_byte_in_s3(
+        helper_link, mount_factory, s3, session):
+    m = mount_factory(start=False)
+    proc = subprocess.run(["mount", "-t", "fuse.lakefs-mount", m.source, str(m.path),
+                           "-o", f"{_options(m)},fuse_session={session}"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
+    assert is_mounted(m.path)
+    status = m.status()
+    m.pid = status["pid"]
+    assert (status["bucket"], status["cache_dir"], status["max_dirty"],
+            status["fuse_session"]) == (m.bucket, str(m.cache_dir), 64 * 1024 * 1024, session)
+    files = _write_checkpoint(m.path)
+    _umount_and_wait(m)
+    _assert_in_s3(s3, files)
+    assert "committing" in m.log_file.read_text()
+
+
+@needs_root
+@needs_fuse
+def test_fstab_line_mounts_with_mount_dir_and_umount_leaves_every_byte_in_s3(
+        helper_link, fstab_restored, mount_factory, s3):
+    m = mount_factory(start=False)
+    with fstab_restored.open("a") as f:
+        f.write(f"\n{m.source} {m.path} fuse.lakefs-mount {_options(m)} 0 0\n")
+    proc = subprocess.run(["mount", str(m.path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
+    m.pid = m.status()["pid"]
+    files = _write_checkpoint(m.path)
+    _umount_and_wait(m)
+    _assert_in_s3(s3, files)
+
+
+def test_the_mount_fuse3_command_line_of_lakefs_mount_is_a_helper_call(tmp_path):
+    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items."""
+    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
+                                      "cache_dir=/tmp/c,dev,suid,bogus=1"])
+    assert result.exit_code == 1
+    assert "unknown mount option 'bogus'" in result.stderr
+    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
+                                      f"cache_dir={tmp_path / 'c'},dev,suid"])
+    assert result.exit_code == 2 and "does not exist" in result.stderr  # `mount` checked it
+
+
+@needs_root
+@needs_fuse
+@pytest.mark.skipif(shutil.which("mount.fuse3") is None, reason="fuse3 not installed")
+def test_fuse3s_generic_helper_mounts_it_through_the_lakefs_mount_command(mount_factory, s3):
+    """What mount(8) does where /sbin has no mount.fuse.lakefs-mount: it runs mount.fuse3,
+    which runs the `lakefs-mount` it finds on PATH (called directly here, as mount(8) would
+    find the installed /usr/local/bin/lakefs-mount, not this environment's)."""
+    m = mount_factory(start=False)
+    env = {**os.environ, "PATH": f"{HELPER.parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["mount.fuse3", m.source, str(m.path), "-t", "fuse.lakefs-mount",
+                           "-o", _options(m)], capture_output=True, text=True, timeout=180,
+                          env=env)
+    assert proc.returncode == 0, f"{proc.stderr}\n{m.log_tail()}"
+    m.pid = m.status()["pid"]
+    files = _write_checkpoint(m.path)
+    _umount_and_wait(m)
+    _assert_in_s3(s3, files)

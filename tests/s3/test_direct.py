@@ -1,0 +1,56 @@
+"""O_DIRECT cache-file I/O: what bypasses the page cache, and the buffers it lends.
+
+Restores through a real mount read these paths end to end in tests/mount/test_restore.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import random
+from pathlib import Path
+
+from lakefs_mount.cache.partbody import CachePartBody
+from tests.unit.test_cache import PART, core, run
+
+MiB = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def cached_pages(path: Path) -> int:
+    """How many pages of `path` the page cache holds (mincore of a private mapping)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mm:
+        start = ctypes.c_char.from_buffer(mm)
+        rc = _libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), vec)
+        del start
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vec)
+
+
+def test_parts_go_from_the_cache_file_to_s3_in_pieces_skipping_the_page_cache(
+        tmp_path, s3, monkeypatch):
+    """Against SeaweedFS: each UploadPart body goes out in the pieces read into the
+    uploading thread's aligned buffer with O_DIRECT (never read whole, the page cache
+    stays empty but for the unaligned tail), and S3 gets every byte."""
+    def whole_read(self, size=-1):
+        raise AssertionError("the part body was read instead of sent in pieces")
+
+    monkeypatch.setattr(CachePartBody, "read", whole_read)
+    data = random.randbytes(PART + 2 * MiB + 300 * 1024 + 123)  # the 2nd part unaligned
+
+    async def body() -> None:
+        async with core(tmp_path, s3) as c:
+            cf = await c.write_file("ckpt", data)
+            assert cf.chunks[0].direct and cf.chunks[1].direct
+            path = c.cache.cache_path(cf.fid)
+            await c.close_and_flush(cf)
+            assert cached_pages(path) <= 2
+    run(body)
+    got = s3.get("ckpt")
+    assert got is not None and got[1] == data
+
+

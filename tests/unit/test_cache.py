@@ -1,0 +1,729 @@
+"""The write-back cache and flusher without the kernel, over the in-memory object store.
+
+These pin down the upload protocol (which S3 calls, in which shape); the same
+behaviours are proven end to end through a real mount in tests/mount/.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
+from lakefs_mount.cache.cachefile import DIRTY_STATES, CachedFile, ChunkState
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.journal import Journal
+from lakefs_mount.cache.manager import CacheManager
+from lakefs_mount.cache.recovery import recover
+from lakefs_mount.cache.warmup import CacheTooSmall, warm_up
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectStore
+from lakefs_mount.uring import open_engine
+from tests.memstore import MemoryObjectStore
+
+MiB = 1024 * 1024
+PART = 8 * MiB
+
+
+@dataclass
+class Core:
+    cache: CacheManager
+    flusher: Flusher
+    store: ObjectStore
+    journal: Journal
+
+    def new_file(self, key: str) -> CachedFile:
+        return CachedFile(key=key, size=0, mode=stat.S_IFREG | 0o644, uid=0, gid=0, mtime_ns=1)
+
+    def in_s3(self, key: str, size: int, etag: str | None = None) -> CachedFile:
+        """The file of object `key` as a listing shows it: nothing of it cached yet."""
+        cf = self.new_file(key)
+        cf.size = cf.base_size = size
+        cf.base_key, cf.base_etag = key, etag
+        return cf
+
+    async def write_file(self, key: str, data: bytes, block: int = MiB) -> CachedFile:
+        cf = self.new_file(key)
+        await self.cache.new_file(cf)
+        cf.writers += 1
+        for off in range(0, len(data), block):
+            await self.cache.write(cf, off, data[off:off + block])
+        return cf
+
+    async def close_and_flush(self, cf: CachedFile) -> None:
+        cf.writers -= 1
+        self.flusher.request_commit(cf)
+        await self.flusher.flush([cf])
+
+
+@asynccontextmanager
+async def core(tmp_path: Path, store: ObjectStore | None = None,
+               max_dirty: int = 1 << 40, cache_size: int = 1 << 40,
+               commit_delay: float = 0.0, open_files: int = 1024,
+               direct_io: bool = True) -> AsyncIterator[Core]:
+    store = store or MemoryObjectStore()
+    journal = Journal(tmp_path / "journal.db")
+    metrics = m.Metrics()
+    async with open_engine("threads") as engine, trio.open_nursery() as nursery:
+        cache = CacheManager(tmp_path, engine, AsyncJournal(journal), AsyncStore(store, metrics),
+                             PartMap(PART), metrics, max_dirty=max_dirty, cache_size=cache_size,
+                             open_files=open_files, direct_io=direct_io)
+        flusher = Flusher(cache, 4, commit_delay=commit_delay)
+        await nursery.start(cache.run)
+        await nursery.start(flusher.run)
+        yield Core(cache, flusher, store, journal)
+        nursery.cancel_scope.cancel()
+    journal.close()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    trio.run(test)
+
+
+def test_small_file_is_one_put_object(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("small", b"x" * 1000)
+            await c.close_and_flush(cf)
+            assert c.store.objects["small"].body == b"x" * 1000
+            assert c.store.calls["put"] == 1 and c.store.calls["create_multipart"] == 0
+            assert c.journal.pending_files() == []
+    run(body)
+
+
+def test_flush_progress_counts_the_bytes_of_the_file_not_whole_chunks(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            six = await c.write_file("six", b"hello\n")
+            half = await c.write_file("half", b"h" * (PART // 2 + 3))  # no full part: no upload yet
+            assert c.flusher.progress([six, half]).bytes_left == 6 + PART // 2 + 3
+    run(body)
+
+
+def test_a_new_file_and_its_first_write_cost_one_journal_intent(tmp_path):
+    """create() journals the file with its first chunk dirty; writes into that chunk are
+    covered by it (the journal round trip was half the cost of a small file)."""
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            intents: list[list[int]] = []
+            mark_dirty = c.journal.mark_dirty
+            c.journal.mark_dirty = lambda rec, idx: (intents.append(idx), mark_dirty(rec, idx))
+            cf = await c.write_file("small", random.randbytes(64 * 1024), block=4096)
+            assert intents == [[0]]
+            assert [p.fid for p in c.journal.pending_files()] == [cf.fid]
+            await c.write_file("two-chunks", random.randbytes(PART + 1))
+            assert intents == [[0], [0], [1]]
+            await c.close_and_flush(cf)
+            assert c.store.get("small") is not None
+            assert cf.fid not in [p.fid for p in c.journal.pending_files()]
+    run(body)
+
+
+def test_a_closed_file_commits_once_its_commit_delay_has_passed_in_due_order(tmp_path):
+    """Commits wait for the delay after the last close (a rename may still come), each
+    file on its own schedule: a later close neither hurries nor holds back an earlier one."""
+    clock = trio.testing.MockClock()  # virtual time moves only when the test jumps it
+
+    async def real_pause() -> None:  # lets real I/O and S3 calls finish; virtual time stands
+        await trio.to_thread.run_sync(time.sleep, 0.2)
+
+    async def body() -> None:
+        async with core(tmp_path, commit_delay=1.0) as c:
+            first = await c.write_file("first", b"1" * 1000)
+            second = await c.write_file("second", b"2" * 1000)
+
+            def close(cf: CachedFile) -> None:
+                cf.writers -= 1
+                c.flusher.request_commit(cf, settle=True)
+
+            def committed() -> set[str]:
+                return {k for k in ("first", "second") if c.store.get(k) is not None}
+
+            close(first)
+            clock.jump(0.5)
+            close(second)
+            await real_pause()
+            clock.jump(0.4)  # 0.9 s after the first close
+            await real_pause()
+            assert committed() == set()
+            clock.jump(0.2)  # 1.1 s after the first close, 0.6 s after the second
+            for _ in range(50):
+                await real_pause()
+                if committed():
+                    break
+            await real_pause()
+            assert committed() == {"first"}
+            clock.jump(0.5)
+            for _ in range(50):
+                await real_pause()
+                if len(committed()) == 2:
+                    break
+            assert committed() == {"first", "second"}
+            assert c.journal.pending_files() == []
+    trio.run(body, clock=clock)
+
+
+def test_full_chunks_stream_as_parts_before_close(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            data = random.randbytes(3 * PART + 5)
+            cf = await c.write_file("big", data)
+            with trio.fail_after(10):
+                while c.store.calls["upload_part"] < 3:
+                    await trio.sleep(0.01)
+            assert "big" not in c.store.objects  # still open: not committed
+            await c.close_and_flush(cf)
+            assert c.store.objects["big"].body == data
+            assert c.store.calls["upload_part"] == 4  # three streamed, the tail at close
+    run(body)
+
+
+def test_random_overwrites_before_close_are_in_the_object(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            expected = bytearray(random.randbytes(4 * PART + 77))
+            cf = await c.write_file("f", bytes(expected))
+            rnd = random.Random(7)
+            for _ in range(40):
+                off = rnd.randrange(len(expected) - 5000)
+                patch = rnd.randbytes(rnd.randrange(1, 5000))
+                expected[off:off + len(patch)] = patch
+                await c.cache.write(cf, off, patch)
+            await c.close_and_flush(cf)
+            assert c.store.objects["f"].body == bytes(expected)
+    run(body)
+
+
+def test_editing_a_committed_object_copies_unchanged_parts_server_side(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            data = random.randbytes(4 * PART)
+            cf = await c.write_file("f", data)
+            await c.close_and_flush(cf)
+            uploads_before = c.store.calls["upload_part"]
+            cf.chunks.clear()  # as after a remount: nothing cached
+            cf.writers += 1
+            await c.cache.write(cf, PART + 10, b"patch")
+            await c.close_and_flush(cf)
+            want = data[:PART + 10] + b"patch" + data[PART + 15:]
+            assert c.store.objects["f"].body == want
+            assert c.store.calls["upload_part"] - uploads_before == 1
+            assert c.store.calls["upload_part_copy"] == 3
+    run(body)
+
+
+def test_growing_an_object_never_read_keeps_its_bytes_in_s3(tmp_path):
+    """truncate() past the end of an object whose bytes were never fetched: S3 gets the
+    old bytes with zeros after them (a small file: in one PutObject, read from the cache
+    file by the thread that sends it; a larger one: unchanged parts copied server-side)."""
+    store = MemoryObjectStore()
+    small, big = random.randbytes(100_000), random.randbytes(PART + 5000)
+    store.put("small", small, {})
+    store.put("big", big, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            for key, data in (("small", small), ("big", big)):
+                cf = c.in_s3(key, len(data))
+                cf.writers += 1
+                await c.cache.truncate(cf, len(data) + 3000)
+                await c.close_and_flush(cf)
+                assert store.objects[key].body == data + bytes(3000)
+    run(body)
+
+
+def test_truncate_then_grow_reads_zeros_and_commits_them(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("t", b"a" * (PART + 100))
+            await c.cache.truncate(cf, 10)
+            await c.cache.truncate(cf, PART * 2 + 1)
+            assert await c.cache.read(cf, 0, 20) == b"a" * 10 + bytes(10)
+            await c.close_and_flush(cf)
+            assert c.store.objects["t"].body == b"a" * 10 + bytes(PART * 2 + 1 - 10)
+    run(body)
+
+
+def test_recovery_rebuilds_pending_files_and_aborts_orphans(tmp_path):
+    """D1 + D4 without the kernel: a fresh core on the same cache dir finishes the job."""
+    store = MemoryObjectStore()
+    data = random.randbytes(2 * PART + 3)
+
+    async def crash() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("r", data)
+            with trio.fail_after(10):
+                while sum(st == "uploaded" for st, _ in c.journal.chunks(cf.fid).values()) < 2:
+                    await trio.sleep(0.01)
+            orphan = store.create_multipart("orphan", {})
+            c.journal.start_upload(cf.fid, orphan, "orphan")  # then superseded below
+            c.journal.start_upload(cf.fid, cf.upload_id, cf.upload_key)
+
+    async def remount() -> None:
+        async with core(tmp_path, store) as c:
+            files, report = await recover(c.cache)
+            assert report.files == 1 and report.orphan_uploads_aborted == 1
+            assert report.uploaded_parts_kept == 2
+            await c.flusher.flush(files)
+            assert store.objects["r"].body == data
+            assert store.uploads == {}
+
+    trio.run(crash)
+    trio.run(remount)
+
+
+class SlowStore(MemoryObjectStore):
+    """Uploads take a while, like a real backend under load."""
+
+    def upload_part(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        return super().upload_part(*args, **kwargs)
+
+
+def test_max_dirty_makes_writers_wait_for_the_flusher(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path, SlowStore(), max_dirty=2 * PART) as c:
+            data = random.randbytes(6 * PART)
+            cf = await c.write_file("bp", data)
+            assert c.cache.metrics[m.WRITER_WAITS] >= 1
+            assert c.cache.dirty_bytes <= 3 * PART
+            await c.close_and_flush(cf)
+            assert c.store.objects["bp"].body == data
+    run(body)
+
+
+def test_a_write_during_an_upload_sends_the_chunk_again(tmp_path):
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("w", b"1" * (2 * PART))
+            with trio.fail_after(10):
+                while cf.state(0) is ChunkState.DIRTY:
+                    await trio.sleep(0)
+            await c.cache.write(cf, 0, b"2")
+            await c.close_and_flush(cf)
+            assert c.store.objects["w"].body[:2] == b"21"
+    run(body)
+
+
+def test_reading_4x_the_cache_size_stays_within_it_and_reads_right(tmp_path):
+    store = MemoryObjectStore()
+    data = random.randbytes(16 * PART)
+    store.put("big", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
+            cf = c.in_s3("big", len(data))
+            peak = 0
+            for off in range(0, len(data), MiB):  # sequential, with readahead
+                assert await c.cache.read(cf, off, MiB) == data[off:off + MiB]
+                peak = max(peak, c.cache.budget.used)
+            rnd = random.Random(3)
+            for _ in range(50):  # random
+                off = rnd.randrange(len(data) - 1000)
+                assert await c.cache.read(cf, off, 1000) == data[off:off + 1000]
+                peak = max(peak, c.cache.budget.used)
+            await trio.sleep(0.1)
+            assert c.cache.budget.used <= 4 * PART
+            assert peak <= 4 * PART + (c.cache.read_ahead + 2) * PART
+            assert c.cache.metrics[m.CACHE_EVICTIONS] > 0
+            blocks = (tmp_path / "data" / str(cf.fid)).stat().st_blocks * 512
+            assert blocks <= 5 * PART  # holes really were punched
+    run(body)
+
+
+def _held_by_chunks(c: Core, files: list[CachedFile]) -> int:
+    return sum(ch.held for cf in files for ch in cf.chunks.values())
+
+
+def test_small_files_count_their_bytes_not_whole_chunks_against_the_cache(tmp_path):
+    """A training set of 100 KiB objects fits a cache of that size: each file counts
+    what it holds, not a whole chunk (which let a 64 GiB cache keep 4,096 of them)."""
+    store = MemoryObjectStore()
+    bodies = {f"train/f{i}": random.randbytes(100_000 + i) for i in range(300)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+    total = sum(map(len, bodies.values()))  # ~29 MiB: less than 4 chunks of 8 MiB
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * PART, max_dirty=2 * PART) as c:
+            files = []
+            for key, data in bodies.items():
+                cf = c.in_s3(key, len(data))
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+            gets = store.calls["get_range"]
+            for cf in files:  # a second epoch: all of it still cached
+                assert await c.cache.read(cf, 0, cf.size) == bodies[cf.key]
+            assert store.calls["get_range"] == gets
+            assert c.cache.metrics[m.CACHE_EVICTIONS] == 0
+            assert c.cache.budget.used == total == _held_by_chunks(c, files)
+    run(body)
+
+
+def test_cache_files_kept_open_stay_within_the_descriptor_budget(tmp_path):
+    """Reading more files than the daemon may keep open closes the least recently used
+    idle ones (each file read once kept its descriptor, until EMFILE); files being
+    written keep working across a close and reopen."""
+    store = MemoryObjectStore()
+    bodies = {f"train/f{i}": random.randbytes(1000 + i) for i in range(200)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def body() -> None:
+        async with core(tmp_path, store, open_files=16) as c:
+            before = open_fds()
+            writing = await c.write_file("out/a", b"a" * 5000, block=1000)
+            files = []
+            for key, data in bodies.items():
+                cf = c.in_s3(key, len(data))
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+                assert len(c.cache.fds) <= 16
+            assert open_fds() - before <= 16
+            assert writing.fd is None  # the least recently used: closed while idle
+            await c.cache.write(writing, 5000, b"b" * 5000)  # opens it again
+            for cf in files:  # a second epoch reads the cached bytes back through reopens
+                assert await c.cache.read(cf, 0, cf.size) == bodies[cf.key]
+            await c.close_and_flush(writing)
+            assert c.store.objects["out/a"].body == b"a" * 5000 + b"b" * 5000
+    run(body)
+
+
+def test_fsync_reaches_the_disk_even_after_the_descriptor_was_closed(tmp_path):
+    """The descriptor budget may close the cache file of a file still being written;
+    fsync() must still flush that file's bytes (it skipped them when no fd was open)."""
+    store = MemoryObjectStore()
+    for i in range(8):
+        store.put(f"other/f{i}", b"o" * 100, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, open_files=4) as c:
+            written = await c.write_file("out/a", b"a" * 5000)
+            for i in range(8):  # other files' reads push its descriptor out
+                assert await c.cache.read(c.in_s3(f"other/f{i}", 100), 0, 100) == b"o" * 100
+            assert written.fd is None
+            synced: list[int] = []
+            fsync = c.cache.engine.fsync
+
+            async def counting_fsync(fd: int, datasync: bool = False) -> None:
+                synced.append(fd)
+                await fsync(fd, datasync)
+            c.cache.engine.fsync = counting_fsync  # type: ignore[method-assign]
+            await c.cache.fsync(written, datasync=False)
+            assert len(synced) == 1
+    run(body)
+
+
+def test_a_training_set_larger_than_the_cache_is_evicted_in_batches(tmp_path):
+    """Eviction frees many small chunks with one journal transaction, not one each, and
+    the cache ends within its budget with every read right."""
+    store = MemoryObjectStore()
+    bodies = {f"big-set/f{i}": random.randbytes(60_000 + i) for i in range(400)}
+    for key, data in bodies.items():
+        store.put(key, data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=4 * MiB, max_dirty=2 * MiB) as c:
+            batches: list[int] = []
+            drop = c.journal.drop_clean_many
+            c.journal.drop_clean_many = lambda chunks: (batches.append(len(chunks)),
+                                                        drop(chunks))
+            files = []
+            for key, data in bodies.items():  # 24 MB through a 4 MiB cache
+                cf = c.in_s3(key, len(data))
+                files.append(cf)
+                assert await c.cache.read(cf, 0, len(data)) == data
+            await trio.sleep(0.2)
+            evicted = c.cache.metrics[m.CACHE_EVICTIONS]
+            assert evicted >= 300 and sum(batches) == evicted
+            assert len(batches) < evicted // 4  # was one transaction per chunk
+            assert c.cache.budget.used == _held_by_chunks(c, files) <= 4 * MiB
+            for cf in files[-10:]:  # the newest are still cached
+                assert 0 in cf.chunks
+    run(body)
+
+
+def test_dirty_bytes_count_what_was_written_as_the_file_grows(tmp_path):
+    """--max-dirty is about bytes: many small pending files do not make writers wait,
+    and a file written in small pieces counts exactly its size until it is uploaded."""
+    async def body() -> None:
+        async with core(tmp_path, max_dirty=2 * PART, cache_size=4 * PART) as c:
+            small = [await c.write_file(f"s{i}", random.randbytes(10_000)) for i in range(50)]
+            grown = await c.write_file("grown", random.randbytes(3 * MiB + 5), block=4096)
+            files = [*small, grown]
+            assert c.cache.dirty_bytes == 50 * 10_000 + 3 * MiB + 5
+            assert c.cache.metrics[m.WRITER_WAITS] == 0
+            await c.cache.truncate(grown, PART + 10)  # grows into a second chunk
+            assert c.cache.budget.used == _held_by_chunks(c, files)
+            for cf in files:
+                await c.close_and_flush(cf)
+            assert c.cache.dirty_bytes == 0
+            assert c.cache.budget.used == _held_by_chunks(c, files) == 50 * 10_000 + PART + 10
+    run(body)
+
+
+def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path):
+    store = MemoryObjectStore()
+    data = random.randbytes(PART)
+    store.put("one", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("one", len(data))
+            results: list[bytes] = []
+
+            async def reader(off: int) -> None:
+                results.append(await c.cache.read(cf, off, 100))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(reader, 1000 + i * 100)
+            assert sorted(results) == sorted(data[1000 + i * 100:1100 + i * 100]
+                                             for i in range(10))
+            assert store.calls["get_range"] == 1
+    run(body)
+
+
+def test_a_warm_up_fetches_each_missing_chunk_once_even_beside_a_reader(tmp_path):
+    store = MemoryObjectStore()
+    bodies = {"a": random.randbytes(3 * PART + 5), "b": random.randbytes(PART), "c": b"xy"}
+    for key, body in bodies.items():
+        store.put(key, body, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=8 * PART) as c:
+            files = [c.in_s3(key, len(data)) for key, data in bodies.items()]
+            await c.cache.read(files[0], 0, 1)  # chunk 0 of "a" is cached already
+            async with trio.open_nursery() as nursery:  # a reader of "a" at the same time
+                nursery.start_soon(c.cache.read, files[0], PART, PART)
+                done = await warm_up(c.cache, files, _no_report)
+            assert done.files == 3 and done.bytes_total == sum(map(len, bodies.values()))
+            assert done.bytes_left == 0 and done.files_left == 0
+            assert done.fetched_bytes <= done.bytes_total - PART
+            assert store.calls["get_range"] == 4 + 1 + 1  # every chunk once, in all
+            for cf, (key, data) in zip(files, bodies.items(), strict=True):
+                assert await c.cache.read(cf, 0, len(data)) == data, key
+            assert store.calls["get_range"] == 6
+    run(body)
+
+
+def test_a_warm_up_larger_than_the_cache_is_refused_before_any_get(tmp_path):
+    store = MemoryObjectStore()
+    store.put("big", random.randbytes(3 * PART), {})
+
+    async def body() -> None:
+        async with core(tmp_path, store, cache_size=2 * PART) as c:
+            with pytest.raises(CacheTooSmall, match="do not fit in the cache"):
+                await warm_up(c.cache, [c.in_s3("big", 3 * PART)], _no_report)
+            assert store.calls["get_range"] == 0
+    run(body)
+
+
+async def _no_report(_progress: object) -> None:
+    return None
+
+
+def test_a_small_object_fetched_at_lookup_is_cached_only_if_it_is_the_listed_version(
+        tmp_path):
+    """The GET at lookup writes the bytes in its own thread; they count as the cached
+    chunk only when size and ETag are those the listing gave (else the read fetches)."""
+    store = MemoryObjectStore()
+    listed = {name: store.put(name, b"x" * 1000, {}) for name in ("same", "resized", "edited")}
+    store.put("resized", b"y" * 2000, {})  # changed in S3 after the listing
+    store.put("edited", b"z" * 1000, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            for name, etag in listed.items():
+                cf = c.in_s3(name, 1000, etag)
+                info = await c.cache.fetch_small_object(cf)
+                assert info is not None and info.etag == store.head(name).etag
+                assert (0 in cf.chunks) == (name == "same")
+            gets = store.calls["get"] + store.calls["get_range"]
+            cf = c.in_s3("same", 1000, listed["same"])
+            assert await c.cache.fetch_small_object(cf) is not None
+            assert await c.cache.read(cf, 0, 1000) == b"x" * 1000
+            assert store.calls["get"] + store.calls["get_range"] == gets + 1  # no read GET
+            gone = c.new_file("gone")
+            gone.size = gone.base_size = 10
+            gone.base_key, gone.base_etag = "gone", "e"
+            assert await c.cache.fetch_small_object(gone) is None
+    run(body)
+
+
+def test_an_upload_created_but_never_recorded_is_aborted_at_the_next_mount(tmp_path):
+    """D5: the intent row written before CreateMultipartUpload finds the hidden upload."""
+    store = MemoryObjectStore()
+
+    async def crash() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("hidden", b"x")
+            c.journal.intend_upload(cf.fid, "hidden")
+            store.create_multipart("hidden", {})  # S3 made it; the daemon died before recording
+            store.create_multipart("other-key", {})  # not ours to touch
+
+    async def remount() -> None:
+        async with core(tmp_path, store) as c:
+            _, report = await recover(c.cache)
+            assert report.orphan_uploads_aborted == 1
+            assert [u.key for u in store.list_multipart_uploads("")] == ["other-key"]
+
+    trio.run(crash)
+    trio.run(remount)
+
+
+@pytest.mark.parametrize("real_s3", [False, True])
+def test_parts_stream_from_the_cache_file_in_pieces(tmp_path, request, real_s3):
+    store = request.getfixturevalue("s3") if real_s3 else MemoryObjectStore()
+    data = random.randbytes(3 * PART + 99)
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("streamed", data)
+            await c.close_and_flush(cf)
+    trio.run(body)
+    assert store.get_range("streamed", 0, len(data) + 1) == data
+
+
+@pytest.mark.timeout(60)
+def test_rewriting_a_file_while_its_commit_runs_commits_the_new_content(tmp_path):
+    """O_TRUNC + new writes during a multipart commit: the old commit gives way (it must
+    neither spin nor mix versions), and the next commit lands exactly the new bytes."""
+    async def body() -> None:
+        async with core(tmp_path, SlowStore()) as c:
+            cf = await c.write_file("re", random.randbytes(3 * PART + MiB))
+            cf.writers -= 1
+            c.flusher.request_commit(cf)
+            with trio.fail_after(10):
+                while cf not in c.flusher._committing:
+                    await trio.sleep(0.01)
+            cf.writers += 1
+            await c.cache.truncate(cf, 0)
+            new = random.randbytes(PART + MiB)
+            for off in range(0, len(new), MiB):
+                await c.cache.write(cf, off, new[off:off + MiB])
+            with trio.fail_after(30):
+                await c.close_and_flush(cf)
+            assert c.store.objects["re"].body == new
+            assert cf.error_count == 0  # giving way is not an error
+    run(body)
+
+
+def test_a_reader_cancelled_while_its_get_is_held_stops_at_once_and_the_get_serves_the_rest(
+        tmp_path):
+    """An interrupted read (FUSE_INTERRUPT) cancels only its own wait: the GET it started
+    goes on for the reader sharing it, and is not sent again."""
+    release = threading.Event()
+
+    class HeldStore(MemoryObjectStore):
+        def get_range_into(self, key: str, start: int, end: int,
+                           write: Callable[[int, bytes], None]) -> int:
+            release.wait(30)
+            return super().get_range_into(key, start, end, write)
+
+    store = HeldStore()
+    data = random.randbytes(PART)
+    store.put("held", data, {})
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = c.in_s3("held", len(data))
+            shared: list[bytes] = []
+
+            async def sharer() -> None:
+                shared.append(await c.cache.read(cf, 4096, 100))
+
+            async with trio.open_nursery() as nursery:
+                with trio.move_on_after(0.3) as first:  # the reader that starts the GET
+                    nursery.start_soon(sharer)
+                    await c.cache.read(cf, 0, 100)
+                assert first.cancelled_caught and not shared
+                release.set()
+            assert shared == [data[4096:4196]]
+            assert await c.cache.read(cf, 0, 100) == data[:100]
+            assert store.calls["get_range"] == 1
+    run(body)
+
+
+class HeldStore(MemoryObjectStore):
+    """Part uploads of keys starting with "held" wait until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def upload_part(self, key, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if key.startswith("held"):
+            self.release.wait(30)
+        return super().upload_part(key, *args, **kwargs)
+
+
+def test_chunks_a_passthrough_writer_left_go_to_the_flusher_without_waiting_for_room(tmp_path):
+    """The watcher hands the chunks behind a passthrough writer's frontier to the flusher.
+    Their bytes are on the disk already, and the writer's last close waits for that
+    hand-over: it must not wait for the dirty budget (that is, for S3) even when the
+    budget is full. Before, it waited, and a last close arriving meanwhile took the
+    chunks over as unsent: each part went up twice."""
+    async def body() -> None:
+        async with core(tmp_path, HeldStore(), max_dirty=3 * PART) as c:
+            store = c.store
+            assert isinstance(store, HeldStore)
+            cf = c.new_file("pt")
+            await c.cache.new_file(cf)
+            held = await c.write_file("held", random.randbytes(2 * PART))  # fills the budget
+            data = random.randbytes(3 * PART)
+            fd = c.cache.open_cache_file(cf)  # the kernel writes the cache file itself
+            try:
+                os.pwrite(fd, data, 0)
+            finally:
+                os.close(fd)
+            cf.pt_opens = cf.pt_writers = 1
+            waits = c.cache.metrics[m.WRITER_WAITS]
+            with trio.fail_after(10):  # S3 holds every upload: nothing drains meanwhile
+                await c.cache.stream_written(cf, [0, 1, 2])
+            assert c.cache.metrics[m.WRITER_WAITS] == waits
+            assert all(cf.chunks[i].state in DIRTY_STATES for i in range(3))
+            cf.pt_opens = cf.pt_writers = 0  # the last release takes over and commits
+            await c.cache.take_over_written(cf, len(data), frozenset({0, 1, 2}))
+            store.release.set()
+            c.flusher.request_commit(cf)
+            await c.flusher.flush([cf])
+            assert c.store.objects["pt"].body == data
+            await c.close_and_flush(held)
+    run(body)
+
+
+def test_a_create_the_full_cache_disk_refused_leaves_nothing_to_commit(tmp_path):
+    """A create whose first chunk finds no room (a full cache disk) fails; the file it
+    began was taken for pending and a flush committed it as an empty object, one the
+    application was told it never made (CI, the 8-writer full-disk test)."""
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = c.new_file("refused.bin")
+
+            async def full(_nbytes: int) -> None:
+                raise OSError(28, "cache disk full")
+
+            c.cache.room.ensure = full  # type: ignore[method-assign]
+            with pytest.raises(OSError):
+                await c.cache.new_file(cf)
+            assert not cf.pending and cf not in c.cache.files.values()
+            await c.flusher.flush([f for f in c.cache.files.values() if f.pending])
+            assert "refused.bin" not in c.store.objects
+    run(body)

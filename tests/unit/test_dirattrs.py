@@ -1,0 +1,134 @@
+"""Directory attributes in S3 without the kernel: the probe, the sidecar keys and what wins
+when a name holds several (the end-to-end behaviour is in mount/test_dir_attrs.py)."""
+
+from __future__ import annotations
+
+import stat
+
+import trio
+
+from lakefs_mount.metrics import Metrics
+from lakefs_mount.namespace.dirattrs import (
+    SIDECAR_ROOT,
+    DirAttrs,
+    DirStat,
+    entry_folder,
+    probe_markers,
+    sidecar_fits,
+)
+from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import encode_attrs
+from lakefs_mount.s3.objectstore import MAX_KEY_BYTES
+from tests.memstore import MemoryObjectStore
+
+PRIVATE = DirStat(stat.S_IFDIR | 0o700, 1000, 100, 1_600_000_000_123_456_789)
+OPEN = DirStat(stat.S_IFDIR | 0o777, 1000, 100, 1_600_000_000_123_456_789)
+
+
+class _MarkerMetadataDroppingStore(MemoryObjectStore):
+    """What SeaweedFS does: a key ending in "/" keeps no user metadata."""
+
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+        return super().put(key, body, {} if key.endswith("/") else metadata)
+
+
+def _run(store: MemoryObjectStore, fn) -> object:
+    async def main() -> object:
+        return await fn(AsyncStore(store, Metrics()))
+
+    return trio.run(main)
+
+
+def test_the_probe_tells_a_store_that_keeps_marker_metadata_from_one_that_drops_it():
+    keeps, drops = MemoryObjectStore(), _MarkerMetadataDroppingStore()
+    assert _run(keeps, lambda s: probe_markers(s, "w1")) is True
+    assert _run(drops, lambda s: probe_markers(s, "w1")) is False
+    assert keeps.objects == {} and drops.objects == {}  # the probe leaves nothing behind
+
+
+def test_sidecar_keys_hold_the_attributes_and_are_never_a_folder_of_another_key():
+    store = _MarkerMetadataDroppingStore()
+
+    async def save_tree(s: AsyncStore) -> None:
+        attrs = DirAttrs(s, False)
+        for key in ("a/", "a/b/", "a/b/c/", "ab/", "pre/x/"):
+            await attrs.save(key, PRIVATE, replace=False)
+
+    _run(store, save_tree)
+    keys = sorted(store.objects)
+    assert all(k.startswith(SIDECAR_ROOT) and k.endswith("/" + PRIVATE.leaf()) for k in keys)
+    for key in keys:  # SeaweedFS cannot hold a key that is also a folder
+        assert not any(other.startswith(key + "/") for other in keys)
+    assert DirStat.parse(PRIVATE.leaf()) == PRIVATE
+    assert DirStat.parse("33188.0.0.1") is None  # a regular file's mode is no directory
+
+
+def test_of_several_keys_of_one_directory_the_newest_wins_then_the_strictest():
+    store = _MarkerMetadataDroppingStore()
+    folder = entry_folder("d/")
+    store.put(folder + OPEN.leaf(), b"", {})
+    store.put(folder + PRIVATE.leaf(), b"", {})
+    store.objects[folder + OPEN.leaf()].mtime -= 10  # written before: the private one wins
+    load = lambda s: DirAttrs(s, False).load("", ["d", "e"])  # noqa: E731
+    assert _run(store, load) == {"d": PRIVATE}
+    store.objects[folder + OPEN.leaf()].mtime = store.objects[folder + PRIVATE.leaf()].mtime
+    assert _run(store, load) == {"d": PRIVATE}  # as new: the one granting less
+
+
+def test_a_changed_directory_replaces_its_sidecar_key():
+    store = _MarkerMetadataDroppingStore()
+
+    async def chmod(s: AsyncStore) -> dict[str, DirStat]:
+        attrs = DirAttrs(s, False)
+        await attrs.save("d/", OPEN, replace=False)
+        await attrs.save("d/", PRIVATE, replace=True)
+        return await attrs.load("", ["d"])
+
+    assert _run(store, chmod) == {"d": PRIVATE}
+    assert list(store.objects) == [entry_folder("d/") + PRIVATE.leaf()]
+
+
+def test_where_markers_keep_metadata_they_are_read_and_no_sidecar_is_written():
+    store = MemoryObjectStore()
+    store.put("p/d/", b"", encode_attrs(PRIVATE.mode, PRIVATE.uid, PRIVATE.gid,
+                                        PRIVATE.mtime_ns))
+    store.put("p/e/", b"", {})  # made by another tool: no attributes, defaults
+
+    async def load(s: AsyncStore) -> dict[str, DirStat]:
+        attrs = DirAttrs(s, True)
+        await attrs.save("p/d/", OPEN, replace=True)
+        return await attrs.load("p/", ["d", "e"])
+
+    assert _run(store, load) == {"d": PRIVATE}  # (save left the marker to its caller)
+    assert sorted(store.objects) == ["p/d/", "p/e/"]
+
+
+def test_unknown_probe_reads_sidecars_first_and_markers_for_the_rest():
+    store = MemoryObjectStore()
+    store.put("m/", b"", encode_attrs(OPEN.mode, 7, 8, 1))
+    store.put(entry_folder("s/") + PRIVATE.leaf(), b"", {})
+    found = _run(store, lambda s: DirAttrs(s, None).load("", ["m", "s"]))
+    assert found == {"m": DirStat(OPEN.mode, 7, 8, 1), "s": PRIVATE}
+
+
+def test_a_renamed_directory_takes_its_attributes_and_those_below_it_along():
+    store = _MarkerMetadataDroppingStore()
+
+    async def rename(s: AsyncStore) -> tuple[list[str], list[str]]:
+        attrs = DirAttrs(s, False)
+        for key in ("a/", "a/b/", "a/b/c/"):
+            await attrs.save(key, PRIVATE, replace=False)
+        return await attrs.copy_tree("a/", "z/y/", OPEN)
+
+    old, new = _run(store, rename)
+    assert sorted(old) == sorted(entry_folder(k) + PRIVATE.leaf() for k in ("a/", "a/b/",
+                                                                            "a/b/c/"))
+    assert sorted(new) == sorted([entry_folder("z/y/") + OPEN.leaf(),
+                                  entry_folder("z/y/b/") + PRIVATE.leaf(),
+                                  entry_folder("z/y/b/c/") + PRIVATE.leaf()])
+    assert set(store.objects) == set(old) | set(new)  # the old go once the rename is done
+
+
+def test_a_directory_key_leaves_room_for_its_sidecar_key():
+    assert sidecar_fits("a/" * 100)
+    assert not sidecar_fits("k" * (MAX_KEY_BYTES - 20) + "/")

@@ -1,0 +1,103 @@
+"""The namespace write-back log (lakefs_mount/namespace/namelog.py) against the in-memory store:
+the order of dependent changes, replay after a crash, and what listings are told.
+End to end through a mount and SeaweedFS: mount/test_namespace_writeback.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from lakefs_mount import metrics as m
+from lakefs_mount.cache.asyncjournal import AsyncJournal
+from lakefs_mount.cache.journal import Journal
+from lakefs_mount.namespace.namelog import DELETE, DIR, MOVE, RMDIR, NameLog, overlap
+from lakefs_mount.s3.aiostore import AsyncStore
+from tests.memstore import MemoryObjectStore
+
+ATTRS = json.dumps({"mode": 0o40755, "uid": 0, "gid": 0, "mtime_ns": 1, "replace": False})
+
+
+def make_log(tmp_path: Path, store: MemoryObjectStore
+             ) -> tuple[NameLog, list[tuple[str, str, list[str]]]]:
+    rebased: list[tuple[str, str, list[str]]] = []
+    names = NameLog(AsyncStore(store, m.Metrics()), AsyncJournal(Journal(tmp_path / "j.db")),
+                    m.Metrics(), dir_attrs=None,
+                    rebase=lambda src, dst, etags: rebased.append((src, dst, sorted(etags))))
+    return names, rebased
+
+
+def test_overlap_is_a_key_itself_or_a_directory_and_what_is_below_it():
+    assert overlap("a/", "a/b") and overlap("a/b", "a/") and overlap("x", "x")
+    assert not overlap("a", "a/b") and not overlap("a/b", "a/c") and not overlap("ab/", "a/")
+
+
+def test_changes_of_one_key_apply_in_order_and_the_log_drains(tmp_path):
+    store = MemoryObjectStore()
+    store.put("f", b"old", {})
+
+    async def body() -> None:
+        names, rebased = make_log(tmp_path, store)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(names.run)
+            await names.record(DIR, "d/", arg=ATTRS)
+            await names.record(RMDIR, "d/")  # after its marker, never before
+            await names.record(MOVE, "f", "g")
+            await names.record(DELETE, "g")  # after the copy it follows
+            assert names.busy("d/x") and names.busy("g") and not names.busy("h")
+            assert names.removing("f") and names.creating("g")
+            await names.drain()
+            nursery.cancel_scope.cancel()
+        assert set(store.objects) == set()
+        assert rebased == [("f", "g", ["g"])]
+        assert names.status() == {"name_changes_pending": 0, "name_changes_error": None}
+
+    trio.run(body)
+
+
+def test_changes_left_in_the_journal_are_applied_by_the_next_log(tmp_path):
+    store = MemoryObjectStore()
+    store.put("a", b"content", {})
+
+    async def crash() -> None:  # recorded, never applied: the daemon dies first
+        names, _ = make_log(tmp_path, store)
+        await names.record(DIR, "new/", arg=ATTRS)
+        await names.record(MOVE, "a", "new/a")
+
+    async def remount() -> None:
+        names, _ = make_log(tmp_path, store)
+        assert await names.load() == 2
+        assert names.dirs_made_in("") == ["new/"]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(names.run)
+            await names.drain()
+            nursery.cancel_scope.cancel()
+
+    trio.run(crash)
+    assert set(store.objects) == {"a"}
+    trio.run(remount)
+    assert set(store.objects) == {"new/", "new/a"}
+    assert store.objects["new/a"].body == b"content"
+
+
+def test_a_directory_moves_with_everything_below_it_and_its_files_rebase(tmp_path):
+    store = MemoryObjectStore()
+    for key in ("a/", "a/x", "a/s/y", "ab"):
+        store.put(key, key.encode(), {})
+
+    async def body() -> None:
+        names, rebased = make_log(tmp_path, store)
+        await names.record(MOVE, "a/", "b/", arg=ATTRS)
+        assert names.creating("b/s/y") and names.object_key("b/x", "a/x") == "b/x"
+        assert names.busy("b/new") and not names.busy("ab")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(names.run)
+            await names.drain()
+            nursery.cancel_scope.cancel()
+        assert rebased == [("a/", "b/", ["b/s/y", "b/x"])]
+        assert not names.creating("b/s/y")
+
+    trio.run(body)
+    assert {k: o.body for k, o in store.objects.items()} == {
+        "b/": b"", "b/x": b"a/x", "b/s/y": b"a/s/y", "ab": b"ab"}
