@@ -39,12 +39,12 @@ class AsyncJournal:
     """The journal from the trio loop: calls run one at a time, in order, in a thread.
 
     Calls that queue up while one runs go to the thread together, in one hop, each still
-    in its own transaction; with one journal thread, a hop per call made concurrent
+    in its own transaction; with one journal thread, a hop per call would make concurrent
     writers of small files wait for each other's hops (an intent at create, another at
     the first write). Notes of fetched clean chunks (`note_clean_later`) wait in memory
     and go in with the next call or `write_notes`, in one transaction: a hop per fetched
-    small file made cold small-file reads queue the same way (151 -> 220 files/s with 8
-    readers). The order of journal changes stays the order of the calls. A crash can
+    small file would make cold small-file reads queue the same way. The order of journal
+    changes stays the order of the calls. A crash can
     lose only such notes, and a chunk the journal does not know is fetched again.
     """
 

@@ -114,7 +114,8 @@ class CachedFile:
     pt_flagged: bool = False
 
     # The locks come into being on first use: a fresh mount lists directories of tens of
-    # thousands of files, and two trio.Locks each cost a quarter of a listing's CPU.
+    # thousands of files, and two trio.Locks per file would take a large share of the
+    # listing's CPU.
     @property
     def commit_lock(self) -> trio.Lock:
         """Held while the file is committed (or renamed, removed) in S3."""

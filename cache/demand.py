@@ -43,10 +43,9 @@ class UploadDemand:
     def hold(self, cf: CachedFile, seconds: float) -> None:
         """`cf` is a temporary (created as mkstemp creates one): safetensors and tempfile
         users rename it as soon as it is written, and every part sent under its first
-        name goes again under the final one, or the whole object is copied (D25)
-        (benchmarks/README.md: safetensors' time to durable). Its full chunks wait for
-        the rename or the close, for at most `seconds`: S3 loses no more time than the
-        parts sent again would have cost."""
+        name goes again under the final one, or the whole object is copied (D25). Its
+        full chunks wait for the rename or the close, for at most `seconds`: S3 loses no
+        more time than the parts sent again would have cost."""
         self._held[cf] = trio.current_time() + seconds
 
     def release(self, cf: CachedFile) -> None:

@@ -1,11 +1,10 @@
 """O_DIRECT access to cache files, so that bulk data bypasses the kernel's page cache.
 
-Why: a page the page cache grows into is expensive the first time it is touched on the
-VMs this runs on (the host backs guest memory lazily and takes freed memory back), and
-the copy into fresh page-cache pages was most of the daemon's CPU of writing a
+Why: a page the page cache grows into is expensive the first time it is touched on a VM
+whose host backs guest memory lazily and takes freed memory back, and the copy into
+fresh page-cache pages is then a large part of the daemon's CPU of writing a
 checkpoint. A restore through a buffered cache file grows the page cache twice (the
-cache file, then the mount's own pages in the kernel). Figures: benchmarks/README.md,
-"Figures behind the design".
+cache file, then the mount's own pages in the kernel).
 
 Buffered I/O stays for whatever is small or unaligned, and for chunks written that way
 (`Chunk.direct` says how a chunk was stored). Linux keeps the two coherent: an O_DIRECT
@@ -174,7 +173,6 @@ def read_through(fd: int, dfd: int | None, start: int, end: int) -> bytes:
 def write_back(fd: int, start: int, end: int) -> None:
     """From a worker thread: bytes [start, end), written through the page cache, reach the
     disk and then leave the page cache, as if they had been written with O_DIRECT. For a
-    whole chunk at once the kernel's writeback is faster than O_DIRECT pieces of 1 MiB
-    (benchmarks/README.md, "Figures behind the design")."""
+    whole chunk at once the kernel's writeback is faster than O_DIRECT pieces of 1 MiB."""
     os.fdatasync(fd)
     os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)

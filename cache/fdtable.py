@@ -1,13 +1,14 @@
 """Open descriptors of cache files, bounded by the daemon's descriptor limit.
 
 A cache file stays open between I/Os, so a file being read or written does not pay an
-open() per request. Without a bound, every file ever read stayed open: a training set of
-20,000 small files read once ran the daemon out of descriptors (EMFILE), which failed
-reads and then the control socket. Past `limit`, the least recently used descriptors
-that no I/O is using are closed (down to 3/4 of the limit, so that trimming is rare); the
-next I/O of such a file opens it again. If the process runs out of descriptors anyway
-(its limit lowered, or other descriptors grew), the bound shrinks to half of what is open
-and the open is retried, leaving room for S3 connections and the control socket.
+open() per request. Without a bound, every file ever read would stay open: a training set
+of tens of thousands of small files read once would run the daemon out of descriptors
+(EMFILE), failing reads and then the control socket. Past `limit`, the least recently
+used descriptors that no I/O is using are closed (down to 3/4 of the limit, so that
+trimming is rare); the next I/O of such a file opens it again. If the process runs out
+of descriptors anyway (its limit lowered, or other descriptors grew), the bound shrinks
+to half of what is open and the open is retried, leaving room for S3 connections and
+the control socket.
 
 A cache file may have a second descriptor opened with O_DIRECT (see `direct`); the
 bound counts descriptors, and both close together.

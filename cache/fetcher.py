@@ -3,8 +3,8 @@
 A chunk a reader waits for is fetched into the page cache and stays "fresh" there until a
 read reaches its end (or FRESH_FOR seconds pass); then it is written back to disk, dropped
 from the page cache, and only then noted in the journal for the next mount (`_settle`).
-Reading each chunk back from the cache disk while the disk wrote the next ones slowed cold
-restores measurably (benchmarks/README.md, "fresh chunks").
+Reading each chunk back from the cache disk while the disk writes the next ones would slow
+a cold restore.
 
 A chunk read to its end is written back once the reads and GETs pause for QUIET_FOR
 seconds, not while the restore goes on: the write-back's CPU and disk then do not compete
@@ -12,8 +12,7 @@ with the fetch and the reader. That pays only for a restore the page cache can h
 it pauses: once the files read since the last pause are larger together than
 READ_THROUGH_MAX, their chunks go to disk as they are read, since holding back the first
 READ_THROUGH_MAX bytes would only move their write-back into a burst in the middle of the
-restore (benchmarks/README.md, "Fetched chunks written back after the restore"). Every
-fresh chunk goes after FRESH_FOR seconds all the same.
+restore. Every fresh chunk goes after FRESH_FOR seconds all the same.
 """
 
 from __future__ import annotations

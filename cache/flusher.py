@@ -191,7 +191,7 @@ class Flusher:
 
     def progress(self, files: list[CachedFile], since: float = -math.inf) -> FlushProgress:
         """Bytes and files left, and the error of a file that failed `since` (monotonic):
-        a flush started after S3 came back shows no error from before it (issue 29)."""
+        a flush started after S3 came back shows no error from before it."""
         bytes_left = sum(  # not yet sent; uploaded parts only wait for their Complete
             self.parts.held_bytes(i, cf.size)
             for cf in files for i, c in cf.chunks.items() if c.state in DIRTY_STATES)

@@ -8,7 +8,7 @@ sqlite-utils' role is the schema: creating tables and adding columns in the migr
 WAL mode, and a few reads and updates off the hot path (`pending_files`, `rekey`). Everything a
 write or a commit runs (intents, chunk states, commits, meta) is plain SQL on the same
 connection, because its helpers inspect the table on every call, several times slower
-per small file (benchmarks/README.md, "Figures behind the design").
+per small file.
 """
 
 from __future__ import annotations

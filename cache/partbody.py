@@ -6,7 +6,7 @@ share of its upload CPU. The S3 store sends its `pieces` as they are read into t
 thread's aligned buffer, or, once they are hashed, hands the kernel its `file_span` to
 send (sendfile); boto3 reads it instead (16 KiB at a time, each sliced out of a copy),
 maybe twice (payload hash, then send), seeking back in between, so it supports seek and
-tell (benchmarks/README.md, "Figures behind the design").
+tell.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The flusher streams every full chunk as soon as it is written, so the slots are mostly
 taken by work nobody waits for yet: the parts of a large checkpoint still uploading, or
 of a prefix S3 is slow on. A `flush PATH` or `commit PATH` must not queue behind all of
-that (issue 24): holders marked urgent (their file is the target of a flush) take the
+that: holders marked urgent (their file is the target of a flush) take the
 next free slot before anyone who came earlier, and when every ordinary slot is busy
 they may take one of a few express slots that nobody else uses, as long as that many
 ordinary slots are held by the background. So a flush of everything (unmount) keeps to

@@ -376,7 +376,7 @@ class Daemon:
 
         async def report(p: Any) -> None:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
-                            # only errors of this flush: S3 may be back (issue 29)
+                            # only errors since this flush began: S3 may be back
                             "last_error": p.last_error
                             or self.s3_stats.current_error(since=started),
                             "waiting_on": self.s3_stats.waiting_on()})

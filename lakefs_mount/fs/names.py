@@ -1,7 +1,7 @@
 """Directories and names of files: mkdir, rmdir, readdir, unlink, symlink, mknod, rename.
 
 Each change is journaled at once and written back to S3 in the background (namelog,
-renames); none waits for S3 where the mount knows the answer (issue 30).
+renames); none waits for S3 where the mount knows the answer.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # pyfuse3 keeps at least this many request tasks parked between requests. With its
-# default, 1, concurrent requests made it end and start a trio task over and over: 1,172
-# of each for 1,000 small files created by 4 writers (4 starts with 16).
+# default, 1, concurrent requests make it end and start a trio task over and over (about
+# one of each per request); 16 leave one parked for each of a few concurrent writers.
 FUSE_IDLE_TASKS = 16
 CLOSE_WAIT_SECONDS = 5.0  # how long close waits for an invalidation the kernel holds
 
@@ -124,7 +124,7 @@ class FuseOperations(pyfuse3.Operations):
         if data is not None:
             # the kernel keeps these pages (the open below says keep_cache); from a thread,
             # as the kernel may hold the STORE until a READ of those pages is answered by
-            # this loop (issue 31 saw that deadlock; see lakefs_mount/namespace/invalidations.py)
+            # this loop (a deadlock; see lakefs_mount/namespace/invalidations.py)
             try:
                 await trio.to_thread.run_sync(
                     pyfuse3.notify_store, inode, 0, data)  # type: ignore[arg-type]  # any buffer

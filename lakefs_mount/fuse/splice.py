@@ -4,8 +4,7 @@ libfuse reads each request with splice(2) into a pipe when it can size that pipe
 whole request (1 MiB of data and a page of headers); pyfuse3's `write` then gets its bytes
 in one copy out of the pipe. Otherwise libfuse read(2)s the request into a buffer of its
 own (the kernel pins that buffer page by page while it copies) and copies it once more,
-which costs the daemon measurably more CPU per GiB written (benchmarks/README.md,
-"Figures behind the design").
+which costs the daemon more CPU for every byte written.
 
 Sizing a pipe beyond fs.pipe-max-size (1 MiB by default) takes CAP_SYS_RESOURCE, which
 root has on a plain host but not in most containers. libfuse says nothing about which

@@ -136,9 +136,9 @@ class Listed(Tree):
     def kept_waiting(self, started: float) -> None:
         """Work started at `started` (trio time) outlasted a lookup's patience: S3 counts
         as slow for a while, unless it answered anything else meanwhile. A loaded S3 that
-        answers uploads and reads is alive; one listing past the patience on a busy
-        machine marked it slow, and for 10 s opens served the version last seen and
-        lookups the last listing without asking it (issue 30)."""
+        answers uploads and reads is alive: else one listing past the patience on a busy
+        machine would mark it slow, and for SLOW_FOR seconds opens would serve the version
+        last seen and lookups the last listing without asking it."""
         if not self._answered_since(started):
             self.s3_was_slow()
 
@@ -182,8 +182,8 @@ class Listed(Tree):
         after the TTL, and the log says so once per directory.
 
         Lookups that find the directory being listed wait for that listing and take its
-        outcome instead of sending their own (8 readers opening files of a new directory
-        sent 8 listings); a forced listing must start after the call, so it waits its turn.
+        outcome instead of sending their own (else 8 readers opening files of a new directory
+        send 8 listings); a forced listing must start after the call, so it waits its turn.
         """
         if not force and dir_inode.listed_at and (
                 time.monotonic() - dir_inode.listed_at < self.ttl
@@ -264,11 +264,11 @@ class Listed(Tree):
         `quiet`: S3 counted as slow and has answered nothing since. It gets the patience
         too, and if it answers anything meanwhile (the slow listing that marked it), the
         wait goes on; no HEAD is sent (one sent into an outage is still unanswered for a
-        while after S3 is back, and would make it look quiet then). Before, such a lookup
-        answered from what the mount knows at once: one listing past a lookup's patience
-        on a loaded machine counts S3 as slow, and a lookup in a directory never listed
-        then answered ENOENT for a file S3 has (issue 31: DCP's `.metadata` missing in a
-        cold mount's restore)."""
+        while after S3 is back, and would make it look quiet then). Such a lookup must not
+        answer from what the mount knows at once: one listing past a lookup's patience on
+        a loaded machine counts S3 as slow, and a lookup in a directory never listed would
+        then answer ENOENT for a file S3 has (a checkpoint's `.metadata` missing in a cold
+        mount's restore)."""
         patience = self._recent_patience()
         with trio.move_on_at(work.started + patience):
             await work.done.wait()

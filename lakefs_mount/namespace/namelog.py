@@ -4,7 +4,7 @@ mkdir, rmdir, unlink and rename (of a file, or of a directory and everything bel
 change the mount's tree at once and are recorded in the journal (`name_ops`) before the
 kernel gets its answer; this log applies
 them to S3 in the background, retrying like data, so a training loop never waits on S3
-for them (issue 30). Changes that touch one key, or a directory and a key below it, go
+for them. Changes that touch one key, or a directory and a key below it, go
 in the order they were made; independent ones go in parallel. A data commit waits for
 the earlier changes that touch its key (`busy`, `wait_clear`): an unlink followed by a
 new file of the same name never deletes the new object, and a directory's marker (with

@@ -84,7 +84,7 @@ class Namespace(Listed):
             await self.answered_while_alive(load))
         if answered and load.error is None:
             return
-        if load.error is not None:  # S3 said no (403), or the cache failed: as before
+        if load.error is not None:  # S3 said no (403), or the cache failed: that is the answer
             if not (isinstance(load.error, ObjectStoreError) and load.error.transient):
                 raise load.error
             self.s3_was_slow()  # (refused, timed out, 503s: S3 is in trouble)

@@ -83,7 +83,7 @@ def set_kernel_readahead(path: Path, kib: int) -> bool:
 
     A FUSE mount starts with the kernel's default of 128 KiB, so a sequential reader
     sends 128 KiB READ requests and the daemon's per-request cost dominates; 1 MiB (the
-    largest FUSE request) doubled warm restore throughput here. Found via mountinfo, not
+    largest FUSE request) needs an eighth of the requests. Found via mountinfo, not
     stat(): the daemon must not call into its own mount before it serves requests.
     Needs root (sysfs); without it the kernel default stays.
     """

@@ -25,7 +25,7 @@ from lakefs_mount.s3.objectstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-OFF_VARIABLE = "LAKEFS_MOUNT_UPLOAD_CHECKSUMS"  # "off": none sent (benchmarks/checksums.py)
+OFF_VARIABLE = "LAKEFS_MOUNT_UPLOAD_CHECKSUMS"  # "off": none sent (to measure their cost)
 PROBE_KEY = ".lakefs-mount/checksum-probe"  # under the mount's prefix (RESERVED)
 PROBE_SECONDS = 10.0  # a slow endpoint leaves the answer unknown, never the mount waiting
 

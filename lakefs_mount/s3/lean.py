@@ -32,8 +32,8 @@ class LeanTransport:
     reads, `ls -l`, small-file commits, listing pages of thousands of keys). botocore's
     `get_object` spends most of its CPU on parameter validation, endpoint rules, event
     hooks and response parsing, all under the daemon's one GIL; signed and sent by
-    `wire` the same request costs a fifth of that (benchmarks/README.md, "Figures behind
-    the design"). So `wire` carries them, with the client's endpoint,
+    `wire` the same request costs a small fraction of that. So `wire` carries them, with
+    the client's endpoint,
     addressing style, credentials (refreshed as botocore refreshes them), timeouts and
     TLS verification; where botocore would go through a proxy or present a client
     certificate, they take a botocore HTTP session set up as botocore sets up its own

@@ -61,7 +61,7 @@ def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: flo
     S3-compatible servers (SeaweedFS included) reject or mangle, hence "when_required".
     Bodies are sent as UNSIGNED-PAYLOAD (what boto3 itself does over HTTPS): over plain
     HTTP botocore would otherwise read every part twice, once only to SHA-256 it for the
-    signature, which cost ~0.85 CPU s/GiB here; the headers are still signed.
+    signature; the headers are still signed.
     botocore makes one attempt per request: retries follow lakefs-mount's own policy
     (`retry`).
     """
@@ -109,9 +109,9 @@ class S3ObjectStore:
     """One bucket of an S3(-compatible) endpoint; safe to share between threads.
 
     boto3 clients are thread-safe once created, so a single client (with a connection
-    pool of `max_pool`) serves all worker threads of the daemon. `access_key`,
-    `secret_key`, `connect_timeout`, `read_timeout` and `max_attempts` are optional
-    extras beyond the design card, used by the embedded server and the tests.
+    pool of `max_pool`) serves all worker threads of the daemon. Optional: `access_key`
+    and `secret_key` (the embedded server, the tests), `connect_timeout`, `read_timeout`
+    and `max_attempts` (the start-up probe, callers that retry themselves, the tests).
     Every request is bounded by `timeouts` (`read_timeout` is their base): scaled to its
     bytes on the lean path, and through the botocore client whose read timeout is the
     next rung above its bound (`_botocore`) otherwise.

@@ -2,13 +2,13 @@
 at a floor rate.
 
 Why scaled, and why these numbers: one fixed read timeout is either too short for a big
-part on a slow link or far too long for a HEAD in a black hole (the 60 s it was let an
-`open(O_CREAT)` hang 200 s, 3 attempts behind a stuck load balancer). So each request is
+part on a slow link or far too long for a HEAD in a black hole (60 s, 3 attempts, keep an
+`open(O_CREAT)` waiting minutes behind a stuck load balancer). So each request is
 bounded by what it carries:
 
 - BASE_SECONDS (10 s) for the round trip itself: S3 answers a HEAD, a LIST page, a
   DELETE or a CreateMultipartUpload in well under a second, and SeaweedFS on a loaded
-  2-core machine in a few; 10 s is a margin of several times that, short enough that a
+  small machine in a few; 10 s is a margin of several times that, short enough that a
   black hole costs a retry, not a minute.
 - FLOOR_BYTES_PER_S (1 MiB/s) for the bytes of a part, an object or a ranged GET: the
   slowest rate a single request is expected to keep. `--upload-concurrency` (8) parts

@@ -4,7 +4,7 @@ The checksum header of a request goes before its body, so declaring a part's CRC
 it means reading the part twice: once to hash it, once to send it. A trailer comes
 after the body instead (STREAMING-UNSIGNED-PAYLOAD-TRAILER): the CRC is taken as the
 pieces go out, and S3 checks it all the same (InvalidDigest/BadDigest if the bytes it
-got do not match). Figures: benchmarks/README.md, "Upload checksums".
+got do not match).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """S3 requests on the wire: SigV4 signatures and a pool of kept-alive HTTP/1.1 connections.
 
-Why not botocore's HTTP session: the same request costs well under half the CPU signed
+Why not botocore's HTTP session: the same request costs much less CPU signed
 here and sent on an `http.client` connection, and the daemon runs its GETs, HEADs, small
 PUTs and listing pages under one GIL, so the difference is paid by every small file read
 or written. Multipart part bodies go out in the pieces the cache reads them in
-(`PiecewiseBody`) instead of botocore's 16 KiB slices of a copy (benchmarks/README.md,
-"Figures behind the design"). This module
+(`PiecewiseBody`) instead of botocore's 16 KiB slices of a copy. This module
 knows HTTP and SigV4, nothing of botocore: `store` hands it the endpoint, the
 credentials and the TLS settings it resolved.
 """

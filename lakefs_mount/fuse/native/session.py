@@ -28,12 +28,11 @@ from lakefs_mount.fuse.native.wire import Request
 log = logging.getLogger(__name__)
 
 # 1 MiB requests (capped by fs.fuse.max_pages_limit, read at start; it sizes the request
-# buffers). 4 MiB, where root raised the limit, did not pay for a cold restore
-# (benchmarks/README.md, "4 MiB FUSE requests"; benchmarks/cold_restore.py measures it).
+# buffers). Larger ones, where root raised the limit, do not make a cold restore faster.
 MAX_PAGES = 256
 # A user's mount keeps the kernel's 128 KiB read-ahead (raising it is root's, in sysfs);
-# under it, reads run faster as 128 KiB READs, several in flight, than as 1 MiB ones
-# (benchmarks/README.md, "A mount by a user other than root"). Writes stay at MAX_PAGES.
+# under it, reads run faster as 128 KiB READs, several in flight, than as 1 MiB ones.
+# Writes stay at MAX_PAGES.
 USER_MAX_READ = 128 * 1024
 HEADROOM = 64 * 1024  # the read buffer must exceed the largest WRITE by its headers
 KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while needed)
@@ -226,7 +225,7 @@ class NativeSession:
         notification touches (the pages of a STORE or INVAL_INODE, the directory of an
         INVAL_ENTRY), and the request that holds that lock (a READ of those pages, a
         LOOKUP in that directory) is answered by this loop. Written from the loop, that
-        wait never ends: issue 31 saw it with pyfuse3's notify_store at open. Cancelled,
+        wait never ends (a STORE of a file's pages at its open, for one). Cancelled,
         the caller stops waiting and the thread finishes on its own."""
         return await trio.to_thread.run_sync(self._notify_blocking, code, parts,
                                              abandon_on_cancel=True)

@@ -1,7 +1,7 @@
 """FUSE's wire format: opcodes, flags and the structs of requests and replies.
 
-The layouts are those of the kernel's `include/uapi/linux/fuse.h` (protocol 7.45 on the
-development kernel), little-endian as on every Linux target this runs on. Only this
+The layouts are those of the kernel's `include/uapi/linux/fuse.h` (protocol 7.45),
+little-endian as on every Linux target this runs on. Only this
 package knows them; the rest of the daemon sees `FileSystem` calls.
 """
 
