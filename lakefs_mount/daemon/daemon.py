@@ -426,7 +426,7 @@ class Daemon:
 
     async def commit(self, request: dict, progress: Callable[[dict], Awaitable[None]]
                      ) -> dict[str, Any]:
-        return await commit_request(self, request, progress)  # (publish.py)
+        return await commit_request(self, request, progress)  # (publish/publisher.py)
 
     async def verify(self, path: str) -> dict[str, Any]:
         return await verify_path(self, path)

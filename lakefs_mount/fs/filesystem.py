@@ -1,13 +1,13 @@
 """The filesystem core: POSIX operations on inodes, without the kernel.
 
-Both FUSE sessions (`kernel/`, the native one, and `fuse_ops.py` over pyfuse3) are thin
-adapters over this class, and tests may drive it directly. Errors are `FSError(errno)`
-(fserrors). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink,
+Both FUSE sessions (`fuse/native/`, the native one, and `fuse/pyfuse3_ops.py` over
+pyfuse3) are thin adapters over this class, and tests may drive it directly. Errors are
+`FSError(errno)` (fs/errors.py). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink,
 renames, a directory's attributes) are journaled and written back to S3 in the background
 (namelog, renames).
 
-Layers: fsinodes.py (inodes by number, attributes, handles, checks of new names),
-fsnames.py (directories and names of files), this module (open files, flush, status).
+Layers: inodes.py (inodes by number, attributes, handles, checks of new names),
+names.py (directories and names of files), this module (open files, flush, status).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The filesystem core's base: inodes by number, their attributes, file handles, and
-the checks a new name passes; FileSystem (fs.py) builds the POSIX operations on it."""
+the checks a new name passes; FileSystem (filesystem.py) builds the POSIX operations on it."""
 
 from __future__ import annotations
 

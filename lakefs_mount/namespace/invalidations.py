@@ -3,7 +3,7 @@
 The namespace learns of a change when it lists a directory or HEADs an object (an ETag or
 size that moved, a name gone); the kernel may still hold the old name, attributes and
 pages for their timeouts, or longer (pages kept across opens). Both FUSE sessions can drop
-them: FUSE_NOTIFY_INVAL_ENTRY / INVAL_INODE (`kernel/`), pyfuse3.invalidate_entry /
+them: FUSE_NOTIFY_INVAL_ENTRY / INVAL_INODE (`fuse/native/`), pyfuse3.invalidate_entry /
 invalidate_inode. This is what they share: the namespace queues, without waiting, and one
 task sends each from a worker thread.
 

@@ -1,7 +1,7 @@
 """Commits that reach S3 after the DELETE that was meant to follow them.
 
 An unlink that comes while the file's commit is under way journals the file's DELETE to
-run once that commit has ended (fsnames). Yet the commit's PutObject may land after the
+run once that commit has ended (fs/names.py). Yet the commit's PutObject may land after the
 DELETE: the daemon was killed while the request sat in the kernel's socket buffers or in
 a proxy (the next mount replays the DELETE at once, and S3 carries out the dead process's
 request when it arrives), or the request timed out here and S3 took it later. Nothing can

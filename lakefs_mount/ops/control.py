@@ -263,7 +263,7 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
                 bool(request.get("upload")), to, bool(request.get("keep")), progress))
         elif op == "unmount":
             result = await handler.prepare_unmount(bool(request.get("flush", True)))
-        elif op == "commit":  # (publish.py checks the request's fields)
+        elif op == "commit":  # (publish/publisher.py checks the request's fields)
             result = await _while_client_waits(stream, op, handler.commit(request, progress))
         elif op == "verify":
             result = await _while_client_waits(stream, op,

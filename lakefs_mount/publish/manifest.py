@@ -4,7 +4,7 @@ checkpoint in S3 match it.
 Why a manifest object: S3 has no directory commit. Written as the very last object of
 a checkpoint, its presence says "complete", and its content says what complete means
 (each object's size, ETag and CRC-32C), so a reader can check a checkpoint before
-loading it with nothing but boto3 (README, "Checkpoints: commit and verify").
+loading it with nothing but boto3 (docs/checkpoints.md).
 
 Checksums are CRC-32C written as S3 writes `x-amz-checksum-crc32c` (base64 of the four
 big-endian bytes), so a later S3-stored full-object checksum fills the same field;

@@ -144,13 +144,13 @@ def test_metrics_during_a_slowed_flush_go_down_to_zero_and_match_status(
         {op: s["failures"] for op, s in requests.items()}
 
 
-def test_readme_lists_every_exported_metric():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_operating_doc_lists_every_exported_metric():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
     names = [m.prometheus_counter(name) + "_total" for name in m.COUNTERS]
     names += [m.PROMETHEUS_PREFIX + name for name, _ in m.GAUGES.values()]
     names += [m.PROMETHEUS_PREFIX + m.S3_REQUEST_SECONDS,
               m.PROMETHEUS_PREFIX + m.S3_REQUEST_FAILURES + "_total"]
-    missing = [name for name in names + ["lakefs_mount_info"] if f"`{name}`" not in readme]
+    missing = [name for name in names + ["lakefs_mount_info"] if f"`{name}`" not in doc]
     assert not missing, missing
 
 

@@ -132,10 +132,10 @@ def _verify(*args: str) -> subprocess.CompletedProcess:
     return cli("verify", *args)
 
 
-def _readme_reader(monkeypatch, endpoint_url: str):
-    """The README's boto3-only reader snippet, as printed there."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = next(b for b in readme.split("```python\n")[1:] if "def checkpoint_ok" in b)
+def _doc_reader(monkeypatch, endpoint_url: str):
+    """The boto3-only reader snippet of docs/checkpoints.md, as printed there."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text()
+    block = next(b for b in doc.split("```python\n")[1:] if "def checkpoint_ok" in b)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint_url)
     scope: dict = {}
     exec(block.split("```")[0], scope)
@@ -144,7 +144,7 @@ def _readme_reader(monkeypatch, endpoint_url: str):
 
 def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_server,
                                                                  monkeypatch):
-    checkpoint_ok = _readme_reader(monkeypatch, s3_server.endpoint_url)
+    checkpoint_ok = _doc_reader(monkeypatch, s3_server.endpoint_url)
     data = {f"f{i}.bin": os.urandom(MiB + i) for i in range(4)}
     for rel, body in data.items():
         _write(mount.path / "ck" / rel, body)
