@@ -2,9 +2,9 @@
 
 Both FUSE sessions (`fuse/native/`, the native one, and `fuse/pyfuse3_ops.py` over
 pyfuse3) are thin adapters over this class, and tests may drive it directly. Errors are
-`FSError(errno)` (fs/errors.py). Content goes through the cache. Namespace changes (mkdir, rmdir, unlink,
-renames, a directory's attributes) are journaled and written back to S3 in the background
-(namelog, renames).
+`FSError(errno)` (fs/errors.py). Content goes through the cache. Namespace changes
+(mkdir, rmdir, unlink, renames, a directory's attributes) are journaled and written back
+to S3 in the background (namelog, renames).
 
 Layers: inodes.py (inodes by number, attributes, handles, checks of new names),
 names.py (directories and names of files), this module (open files, flush, status).
