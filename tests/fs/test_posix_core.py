@@ -1,0 +1,150 @@
+"""The POSIX core (`FileSystem`) driven without a kernel, over the in-memory store: what
+a call answers, and what reaches the store once the mount has settled. The same cases run
+through a real mount and SeaweedFS in tests/mount/test_posix.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+import trio
+
+from lakefs_mount.fs.errors import FSError
+from lakefs_mount.namespace.inode import ROOT_INO
+from tests.fs.core import PREFIX, Core, filesystem
+
+UID, GID = os.getuid(), os.getgid()
+W = os.O_WRONLY | os.O_CREAT
+
+
+async def _write_file(c: Core, parent: int, name: str, data: bytes) -> int:
+    fh, attr = await c.fs.create(parent, name, 0o644, W, UID, GID)
+    assert await c.fs.write(fh, 0, data) == len(data)
+    await c.fs.release(fh)
+    return attr.ino
+
+
+async def _read_file(c: Core, ino: int, size: int = 1 << 20) -> bytes:
+    fh = await c.fs.open(ino, os.O_RDONLY)
+    try:
+        return bytes(await c.fs.read(fh, 0, size))
+    finally:
+        await c.fs.release(fh)
+
+
+def _errno(exc: pytest.ExceptionInfo[FSError]) -> int:
+    return exc.value.errno
+
+
+def test_a_written_file_reads_back_and_lands_as_one_object(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            ino = await _write_file(c, ROOT_INO, "model.pt", b"weights" * 1000)
+            assert (await c.fs.getattr(ino)).size == 7000
+            assert await _read_file(c, ino) == b"weights" * 1000
+            await c.settled()
+            assert c.store.objects[PREFIX + "model.pt"].body == b"weights" * 1000
+    trio.run(body)
+
+
+def test_lookup_of_a_missing_name_is_enoent_and_create_of_an_existing_one_eexist(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            with pytest.raises(FSError) as missing:
+                await c.fs.lookup(ROOT_INO, "nothing")
+            assert _errno(missing) == errno.ENOENT
+            await c.fs.mkdir(ROOT_INO, "step_1", 0o755, UID, GID)
+            with pytest.raises(FSError) as exists:
+                await c.fs.mkdir(ROOT_INO, "step_1", 0o755, UID, GID)
+            assert _errno(exists) == errno.EEXIST
+    trio.run(body)
+
+
+def test_rmdir_of_a_directory_with_a_file_is_enotempty_and_succeeds_once_it_is_empty(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            d = await c.fs.mkdir(ROOT_INO, "d", 0o755, UID, GID)
+            await _write_file(c, d.ino, "f", b"x")
+            with pytest.raises(FSError) as full:
+                await c.fs.rmdir(ROOT_INO, "d")
+            assert _errno(full) == errno.ENOTEMPTY
+            await c.fs.unlink(d.ino, "f")
+            await c.fs.rmdir(ROOT_INO, "d")
+            with pytest.raises(FSError) as gone:
+                await c.fs.lookup(ROOT_INO, "d")
+            assert _errno(gone) == errno.ENOENT
+            await c.settled()
+            assert not [k for k in c.store.objects if k.startswith(PREFIX + "d/")]
+    trio.run(body)
+
+
+def test_a_directory_renamed_after_its_files_were_written_moves_them_in_the_store(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            tmp = await c.fs.mkdir(ROOT_INO, "tmp-step", 0o755, UID, GID)
+            for rank in range(3):
+                await _write_file(c, tmp.ino, f"rank{rank}.pt", b"r%d" % rank)
+            await c.fs.rename(ROOT_INO, "tmp-step", ROOT_INO, "step", 0)
+            step = await c.fs.lookup(ROOT_INO, "step")
+            rank1 = await c.fs.lookup(step.ino, "rank1.pt")
+            assert await _read_file(c, rank1.ino) == b"r1"
+            await c.settled()
+            keys = {k for k in c.store.objects if k.startswith(PREFIX)}
+            assert {PREFIX + f"step/rank{r}.pt" for r in range(3)} <= keys
+            assert not [k for k in keys if k.startswith(PREFIX + "tmp-step/")]
+    trio.run(body)
+
+
+def test_readdir_lists_what_was_created_with_its_kind(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            await c.fs.mkdir(ROOT_INO, "sub", 0o755, UID, GID)
+            await _write_file(c, ROOT_INO, "a.bin", b"a")
+            await c.fs.symlink(ROOT_INO, "latest", "sub", UID, GID)
+            fh = await c.fs.opendir(ROOT_INO)
+            listed = {name: attr.mode for name, attr, _ in c.fs.readdir(fh, 0)}
+            c.fs.releasedir(fh)
+            assert stat.S_ISDIR(listed["sub"]) and stat.S_ISREG(listed["a.bin"])
+            assert stat.S_ISLNK(listed["latest"])
+            latest = await c.fs.lookup(ROOT_INO, "latest")
+            assert await c.fs.readlink(latest.ino) == "sub"
+    trio.run(body)
+
+
+def test_truncate_shrinks_and_grows_with_zeros(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            ino = await _write_file(c, ROOT_INO, "t", b"0123456789")
+            assert (await c.fs.setattr(ino, size=4)).size == 4
+            assert (await c.fs.setattr(ino, size=8)).size == 8
+            assert await _read_file(c, ino) == b"0123\0\0\0\0"
+            await c.settled()
+            assert c.store.objects[PREFIX + "t"].body == b"0123\0\0\0\0"
+    trio.run(body)
+
+
+def test_rename_noreplace_onto_an_existing_name_is_eexist_and_leaves_both(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            await _write_file(c, ROOT_INO, "a", b"A")
+            b = await _write_file(c, ROOT_INO, "b", b"B")
+            with pytest.raises(FSError) as clash:
+                await c.fs.rename(ROOT_INO, "a", ROOT_INO, "b", 1)  # RENAME_NOREPLACE
+            assert _errno(clash) == errno.EEXIST
+            assert await _read_file(c, b) == b"B"
+    trio.run(body)
+
+
+def test_an_unlinked_file_stays_readable_through_its_open_handle(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            ino = await _write_file(c, ROOT_INO, "open.bin", b"still here")
+            fh = await c.fs.open(ino, os.O_RDONLY)
+            await c.fs.unlink(ROOT_INO, "open.bin")
+            assert bytes(await c.fs.read(fh, 0, 100)) == b"still here"
+            await c.fs.release(fh)
+            await c.settled()
+            assert PREFIX + "open.bin" not in c.store.objects
+    trio.run(body)
