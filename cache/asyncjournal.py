@@ -8,7 +8,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
@@ -16,6 +16,7 @@ from lakefs_mount.cache.journal import Journal
 from lakefs_mount.cache.journalschema import CleanNote
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +55,7 @@ class AsyncJournal:
         self._queue: list[_Call] = []
         self._notes: list[CleanNote] = []
 
-    async def __call__(self, fn: Callable[..., T], *args: object) -> T:
+    async def __call__(self, fn: Callable[[*Args], T], *args: *Args) -> T:
         return await self._call(_Call(functools.partial(fn, *args)))  # type: ignore[no-any-return]
 
     async def durable(self) -> None:

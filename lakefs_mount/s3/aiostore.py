@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
@@ -28,6 +28,7 @@ from lakefs_mount.s3.timeouts import stretch_after, stretched
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 # Errors that retrying cannot fix; everything else (timeouts, 5xx, resets) is retried.
 PERMANENT = (NoSuchUpload, NoSuchKey)
@@ -78,16 +79,17 @@ class AsyncStore:
         for request in self._under_way:
             request.cancel()
 
-    async def call(self, fn: Callable[..., T], *args: Any, what: str | None = None,
+    async def call(self, fn: Callable[[*Args], T], *args: *Args, what: str | None = None,
                    abandon: bool = False, attempts: int = QUICK_ATTEMPTS) -> T:
         """One S3 operation, retried only where the failure is transient (a 503, a
         connection refused), QUICK_ATTEMPTS times: lookups and namespace changes."""
         if what is None:
-            what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *args[:1]))
+            shown: tuple[object, ...] = args
+            what = " ".join(str(a) for a in (getattr(fn, "__name__", "S3 call"), *shown[:1]))
         return await self.retrying(what, fn, *args, max_attempts=attempts,
                                    transient_only=True, abandon=abandon)
 
-    async def retrying(self, what: str, fn: Callable[..., T], *args: Any,
+    async def retrying(self, what: str, fn: Callable[[*Args], T], *args: *Args,
                        on_error: Callable[[Exception], None] | None = None,
                        max_attempts: float = math.inf, transient_only: bool = False,
                        abandon: bool = False) -> T:
