@@ -38,6 +38,7 @@ from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.reader import Reader
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.cache.writer import Writer
+from lakefs_mount.config import HooksForTests
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
 from lakefs_mount.uring import IoEngine
@@ -52,8 +53,8 @@ class CacheManager:
                  store: AsyncStore, parts: PartMap, metrics: m.Metrics, *,
                  max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
                  open_files: int = 1024, direct_io: bool = True,
-                 on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None
-                 ) -> None:
+                 on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None,
+                 hooks: HooksForTests | None = None) -> None:
         """`on_uploaded`: told of the bytes of each chunk that reached S3 (status)."""
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -106,7 +107,8 @@ class CacheManager:
         self.take_over_written = self.writer.take_over_written
         self.stream_written = self.writer.stream_written
         self.passthrough = Passthrough(self.cachefiles, self.book, self.room, self.reader,
-                                       self.writer, parts, metrics)
+                                       self.writer, parts, metrics,
+                                       hooks or HooksForTests())
 
     @property
     def dirty_bytes(self) -> int:

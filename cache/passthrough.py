@@ -45,6 +45,7 @@ from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.reader import Reader
 from lakefs_mount.cache.writer import Writer
+from lakefs_mount.config import HooksForTests
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, PartMap
 
 log = logging.getLogger(__name__)
@@ -53,15 +54,12 @@ WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
 BUSY_WRITER = 64 << 20  # bytes a second: a writer at least this fast keeps a core busy
 CALM_AFTER = 0.3  # seconds the cores stay free before streaming goes on again
 HOLD_AT_MOST = 5.0  # seconds of busy writers after which streaming goes on all the same
-# tests: the cores the daemon counts on instead of its CPU affinity
-TEST_CORES = int(os.environ.get("LAKEFS_MOUNT_TEST_CORES", "0"))
-# tests: seconds a last close's take-over of the chunk map waits before it starts
-SLOW_TAKE_OVER = float(os.environ.get("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "0"))
 
 
 class Passthrough:
     def __init__(self, cachefiles: CacheFiles, book: ChunkBook, room: DiskRoom, reader: Reader,
-                 writer: Writer, parts: PartMap, metrics: m.Metrics) -> None:
+                 writer: Writer, parts: PartMap, metrics: m.Metrics,
+                 hooks: HooksForTests) -> None:
         self.cachefiles = cachefiles
         self.book = book
         self.room = room
@@ -70,7 +68,8 @@ class Passthrough:
         self.parts = parts
         self.metrics = metrics
         self.writing: set[CachedFile] = set()  # files with passthrough writers
-        self.cores = TEST_CORES or len(os.sched_getaffinity(0))
+        self.cores = hooks.cores or len(os.sched_getaffinity(0))
+        self.slow_take_over = hooks.slow_take_over
         self._blocks: weakref.WeakKeyDictionary[CachedFile, int] = weakref.WeakKeyDictionary()
         self._first = WritersFirst()
         # one look at a file at a time: the watcher's hand-over of chunks and `sync`
@@ -250,8 +249,8 @@ class Passthrough:
         return cf.pt_writers == 0 and look is not None and look.locked()
 
     async def _take_over(self, cf: CachedFile) -> None:
-        if SLOW_TAKE_OVER and cf.pt_writers == 0:
-            await trio.sleep(SLOW_TAKE_OVER)
+        if self.slow_take_over and cf.pt_writers == 0:
+            await trio.sleep(self.slow_take_over)
         if cf.unlinked or cf.fid is None:
             return
         seen = self._stat(cf)

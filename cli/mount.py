@@ -13,6 +13,7 @@ from lakefs_mount.cli.daemonize import daemonize, run_foreground
 from lakefs_mount.cli.errors import CliError
 from lakefs_mount.cli.params import SIZE, abs_path, is_relative_to
 from lakefs_mount.config import (
+    HooksForTests,
     MiB,
     MountConfig,
     default_log_file,
@@ -87,6 +88,8 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 @click.option("--metrics-addr", metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
               "':PORT' listens on 127.0.0.1 only).")
+@click.option("--test-hook", "test_hooks", multiple=True, hidden=True, metavar="NAME=VALUE",
+              help="For the project's own tests only (config.HooksForTests).")
 @click.pass_context
 def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     """Mount SOURCE (s3://bucket[/prefix]) at MOUNTPOINT.
@@ -153,6 +156,10 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
             parse_metrics_addr(opts["metrics_addr"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), ctx, param_hint="'--metrics-addr'") from None
+    try:
+        hooks = HooksForTests.parse(opts["test_hooks"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint="'--test-hook'") from None
     log_file = abs_path(opts["log_file"]) if opts["log_file"] else default_log_file(mountpoint)
     if is_relative_to(log_file, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
@@ -171,5 +178,6 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         log_file=log_file, log_format=opts["log_format"],
         embedded_dir=abs_path(opts["embedded_dir"]) if opts["embedded_dir"] else None,
         metrics_addr=opts["metrics_addr"], commit_on_rename=opts["commit_on_rename"],
+        test_hooks=hooks,
     )
 

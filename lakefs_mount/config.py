@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 MiB = 1024 * 1024
@@ -48,6 +48,29 @@ def default_embedded_dir() -> Path:
 
 
 @dataclass
+class HooksForTests:
+    """Slow-downs and pretences that let the project's own end-to-end tests reach a race
+    or a machine they cannot make otherwise (`mount --test-hook NAME=VALUE`, a hidden
+    option). All off by default; nothing else sets them."""
+
+    cores: int = 0  # the cores the passthrough watcher counts on (0: its CPU affinity)
+    slow_take_over: float = 0.0  # seconds a last close's take-over waits before it starts
+    hold_move_after_copy: bool = False  # a replayed directory MOVE stops after its copy
+
+    @classmethod
+    def parse(cls, items: tuple[str, ...] | list[str]) -> HooksForTests:
+        """`("cores=1", "slow_take_over=2")` -> HooksForTests; ValueError names a bad item."""
+        hooks = cls()
+        for item in items:
+            name, _, value = item.partition("=")
+            if name not in {f.name for f in fields(cls)}:
+                raise ValueError(f"unknown test hook {name!r}")
+            kind = type(getattr(hooks, name))
+            setattr(hooks, name, value == "1" if kind is bool else kind(value))
+        return hooks
+
+
+@dataclass
 class MountConfig:
     mountpoint: Path
     bucket: str | None = None  # None: start the embedded SeaweedFS
@@ -75,6 +98,7 @@ class MountConfig:
     embedded_dir: Path | None = None  # state of the embedded SeaweedFS
     metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
     commit_on_rename: str | None = None  # a glob: `commit` a directory renamed to a match
+    test_hooks: HooksForTests = field(default_factory=HooksForTests)
 
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)

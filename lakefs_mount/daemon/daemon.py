@@ -124,7 +124,8 @@ class Daemon:
                                       max_dirty=config.max_dirty, cache_size=config.cache_size,
                                       read_ahead=config.read_ahead,
                                       open_files=cache_fd_budget(),
-                                      on_uploaded=self.dirs.uploaded)
+                                      on_uploaded=self.dirs.uploaded,
+                                      hooks=config.test_hooks)
             dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             renames_to_commit = (RenameCommits(self, config.commit_on_rename)
                                  if config.commit_on_rename else None)
@@ -135,7 +136,8 @@ class Daemon:
                                          rebase=lambda src, dst, etags: ns.rebase(src, dst, etags),
                                          on_record=None if renames_to_commit is None
                                          else renames_to_commit.noticed,
-                                         late=self.late_writes)
+                                         late=self.late_writes,
+                                         hold_after_copy=config.test_hooks.hold_move_after_copy)
             replayed = await names.load()
             if replayed:
                 log.info("%d namespace change(s) of the last mount go to S3 first", replayed)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -52,7 +51,6 @@ QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backo
 CONCURRENCY = 16
 # Test hook: a move stops for good between its copy and its delete (a kill -9 there
 # proves the replay); never set outside tests.
-HOLD_AFTER_COPY = os.environ.get("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY") == "1"
 
 
 def overlap(a: str, b: str) -> bool:
@@ -94,10 +92,12 @@ class NameLog:
                  dir_attrs: DirAttrs | None,
                  rebase: Callable[[str, str, dict[str, str]], None],
                  on_record: Callable[[str, str, str | None], None] | None = None,
-                 late: LateWrites | None = None) -> None:
+                 late: LateWrites | None = None, hold_after_copy: bool = False) -> None:
+        """`hold_after_copy`: a test hook (HooksForTests.hold_move_after_copy)."""
         self.store = store
         self.journal = journal
         self.metrics = metrics
+        self.hold_after_copy = hold_after_copy
         self.dir_attrs = dir_attrs
         # A move's copy is in S3: files whose unchanged bytes were at `src` now find them
         # at `dst` (their journal rows change in the same transaction as the step), whose
@@ -392,7 +392,7 @@ class NameLog:
                                    row.dst)
                 row.step = 1
                 self.rebase(row.key, row.dst, {row.dst: str(etag)})
-                if HOLD_AFTER_COPY:
+                if self.hold_after_copy:
                     await trio.sleep_forever()
             await self._s3(f"DELETE {row.key}", sync.delete, row.key)
         else:

@@ -164,11 +164,10 @@ def test_unlink_then_a_new_file_of_that_name_keeps_the_new_object(mount_factory,
 
 
 def test_a_rename_stopped_between_copy_and_delete_finishes_after_kill9(
-        mount_factory, s3, monkeypatch):
+        mount_factory, s3):
     """A move whose copy is done and whose delete is not: the next mount deletes the old
     key and keeps the copy; the file's later changes commit on top of it."""
-    monkeypatch.setenv("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY", "1")
-    m = mount_factory()
+    m = mount_factory("--test-hook", "hold_move_after_copy=1")
     data = random.randbytes(3 * MiB)
     (m.path / "a").write_bytes(data)
     assert m.flush().returncode == 0
@@ -181,7 +180,8 @@ def test_a_rename_stopped_between_copy_and_delete_finishes_after_kill9(
         f.seek(MiB)
         f.write(b"changed")
     m.kill9()
-    monkeypatch.delenv("LAKEFS_MOUNT_TEST_HOLD_MOVE_AFTER_COPY")
+    hook = m.options.index("--test-hook")  # the next mount applies the rest of the move
+    m.options = m.options[:hook] + m.options[hook + 2:]
     m.start()
     assert m.flush().returncode == 0, m.log_tail()
     want = data[:MiB] + b"changed" + data[MiB + 7:]

@@ -78,15 +78,12 @@ def test_parts_go_up_while_the_writer_still_writes_and_only_once(pt, s3):
     assert pt.counters()["parts_uploaded"] == 6  # each part once
 
 
-def test_writers_that_keep_every_core_busy_leave_their_parts_for_later(mount_factory, s3,
-                                                                      monkeypatch):
+def test_writers_that_keep_every_core_busy_leave_their_parts_for_later(mount_factory, s3):
     """Streaming needs CPU, and the writers come first: while the passthrough writers alone
     keep every core busy, no part goes up (here the daemon counts on one core, and one
     writer at 160 MiB/s keeps it busy); once the writer pauses, the parts go up while the
     file is still open."""
-    monkeypatch.setenv("LAKEFS_MOUNT_TEST_CORES", "1")
-    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
-    monkeypatch.delenv("LAKEFS_MOUNT_TEST_CORES")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0", "--test-hook", "cores=1")
     pieces = [random.randbytes(8 * MiB) for _ in range(24)]
     with open(m.path / "busy.bin", "wb", buffering=0) as f:
         began = time.monotonic()
@@ -123,15 +120,13 @@ def test_a_file_whose_size_was_set_first_streams_only_what_was_written(pt, s3):
 
 
 def test_a_flush_right_after_close_waits_for_what_the_daemon_learns_at_the_close(
-        mount_factory, s3, monkeypatch):
+        mount_factory, s3):
     """The kernel answers close() before the daemon hears of it, and the daemon learns
     what a passthrough writer wrote only then. DCP writes `.metadata.tmp`, fsyncs, closes,
     renames it and returns; a flush at once committed the file as the daemon knew it
     before the writes (an empty object) and returned 0: a cold load failed with EOFError.
     Here that take-over is slowed, so the flush comes in the middle of it."""
-    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
-    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
-    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0", "--test-hook", "slow_take_over=2")
     small, large = random.randbytes(70_000), random.randbytes(20 * MiB)
     for name, data in (("ckpt/.metadata", small), ("ckpt/shard.distcp", large)):
         (m.path / "ckpt").mkdir(exist_ok=True)
@@ -144,15 +139,12 @@ def test_a_flush_right_after_close_waits_for_what_the_daemon_learns_at_the_close
     assert m.counters()["passthrough_opens"] == 2
 
 
-def test_a_stat_right_after_close_gives_the_size_the_writer_left(mount_factory, s3,
-                                                                 monkeypatch):
+def test_a_stat_right_after_close_gives_the_size_the_writer_left(mount_factory, s3):
     """After the last close, the daemon takes the writes over; a stat that came in
     meanwhile got the size the watcher had seen in the middle of the writes, and the
     kernel kept it (torch.save of 256 MiB, then stat: 234 MiB). Here the take-over is
     slowed, so the stat always comes in the middle of it."""
-    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
-    m = mount_factory("--part-size", "8M", "--commit-delay", "0")
-    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    m = mount_factory("--part-size", "8M", "--commit-delay", "0", "--test-hook", "slow_take_over=2")
     first, rest = random.randbytes(3 * MiB), random.randbytes(5 * MiB + 17)
     with open(m.path / "model.pt", "wb", buffering=0) as f:
         f.write(first)
@@ -164,16 +156,13 @@ def test_a_stat_right_after_close_gives_the_size_the_writer_left(mount_factory, 
     assert body(s3, "model.pt") == first + rest
 
 
-def test_a_umount_right_after_close_commits_what_was_written(mount_factory, s3,
-                                                             monkeypatch):
+def test_a_umount_right_after_close_commits_what_was_written(mount_factory, s3):
     """A umount right after the close ends the session while the daemon is still taking
     the last writer's release over; the requests under way are cancelled at the session's
     end. The take-over was cut with them, and the exit flush committed the file as the
     daemon knew it before (CI: 34 of 40 MiB in S3 after `umount`). It runs to its end
     now; here it is slowed, so the umount always comes in the middle of it."""
-    monkeypatch.setenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER", "2")
-    m = mount_factory("--part-size", "8M")
-    monkeypatch.delenv("LAKEFS_MOUNT_TEST_SLOW_TAKE_OVER")
+    m = mount_factory("--part-size", "8M", "--test-hook", "slow_take_over=2")
     pid = m.status()["pid"]
     data = random.randbytes(20 * MiB + 123)
     (m.path / "model.bin").write_bytes(data)
