@@ -46,7 +46,8 @@ from typing import Any
 
 from benchmarks import ckpt_report, guestmem
 from benchmarks.ckpt_ranks import DataError, serve
-from benchmarks.suite import machine, s3_config
+from benchmarks.s3config import s3_config
+from benchmarks.suite import machine
 from benchmarks.targets import (
     JuiceFSTarget,
     LakefsTarget,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import guestmem, report
+from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     JuiceFSTarget,
     LakefsTarget,
@@ -896,20 +897,6 @@ class Suite:
                           "checked": self.checked, "mismatches": self.mismatches},
             "daemon_peak_rss_mib": {k: v / MiB for k, v in self.peak_rss.items()},
         }
-
-
-def s3_config(pool: int):  # noqa: ANN201
-    """botocore Config of every boto3 baseline: path style, `pool` connections, no
-    default request/response CRCs (botocore >= 1.36 computes them in Python per request)
-    and unsigned payloads (no SHA-256 pass over every body): as lakefs-mount's client."""
-    from botocore.config import Config
-
-    kwargs: dict[str, Any] = {"max_pool_connections": pool, "s3": {"addressing_style": "path",
-                                                                  "payload_signing_enabled": False}}
-    if "request_checksum_calculation" in getattr(Config, "OPTION_DEFAULTS", {}):
-        kwargs["request_checksum_calculation"] = "when_required"
-        kwargs["response_checksum_validation"] = "when_required"
-    return Config(**kwargs)
 
 
 def machine() -> dict[str, Any]:
