@@ -1,7 +1,7 @@
 """The user's own workload: checkpoint saves and restores as a training job does them.
 
 `python -m benchmarks checkpoint [--quick]` (see benchmarks/README.md). Workloads, each
-with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 128 MiB with --quick):
+with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 64 MiB with --quick):
 
 - torch.save by 1 rank, and by 4 rank processes at once (one file each);
 - torch.distributed.checkpoint save, FileSystemWriter thread_count 4, world size 1 and 4
