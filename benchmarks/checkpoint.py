@@ -1,7 +1,7 @@
 """The user's own workload: checkpoint saves and restores as a training job does them.
 
 `python -m benchmarks checkpoint [--quick]` (see benchmarks/README.md). Workloads, each
-with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 128 MiB with --quick):
+with 64 MiB float32 tensors, `--mib` per rank (1 GiB; 64 MiB with --quick):
 
 - torch.save by 1 rank, and by 4 rank processes at once (one file each);
 - torch.distributed.checkpoint save, FileSystemWriter thread_count 4, world size 1 and 4
@@ -24,6 +24,9 @@ s3torchconnector: the save call; it returns once in S3); restore
 = the load's wall time. Ratios are the medians of per-round ratios: stall / local, durable
 / raw upload, cold restore / s3torchconnector, warm and mmap / local. Every checkpoint is
 loaded back and compared tensor by tensor; a mismatch makes the run exit 1.
+
+The VM's memory: each point starts with the page cache dropped and the memory it will use
+touched (benchmarks/guestmem.py; `--touch-gib`, `--set-page-reporting-order`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from typing import Any
 
 from benchmarks import ckpt_report, guestmem
 from benchmarks.ckpt_ranks import DataError, serve
-from benchmarks.suite import machine, s3_config
+from benchmarks.s3config import s3_config
+from benchmarks.suite import machine
 from benchmarks.targets import (
     JuiceFSTarget,
     LakefsTarget,
@@ -172,11 +176,20 @@ class Bench:
         self.rows: dict[str, dict[str, list[dict[str, float] | None]]] = {}
         self.errors: list[str] = []
         self.notes: list[str] = []
+        self.backing = guestmem.Backing(self.notes, set_order=args.set_page_reporting_order,
+                                        touch_gib=args.touch_gib, quick=args.quick)
         self.checked = 0
         self.commit = git_commit()  # of the code that runs, not of a later commit
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def point_start(self, nbytes: int) -> None:
+        """Every timed point starts here: the page cache dropped, then the memory a point
+        with `nbytes` of data will use touched, so that the host backs it
+        (benchmarks/guestmem.py)."""
+        drop_caches()
+        self.backing.before_point(nbytes)
 
     # ------------------------------------------------------------------ set-up
 
@@ -362,8 +375,8 @@ class Bench:
             self.pool.ensure_group(world)
         places = [self.place(system, workload, k, r) for k in range(ranks)]
         target = self.targets().get(system)
-        cpu = self.cpu_now(target)
-        drop_caches()
+        self.point_start(ranks * self.args.mib * MiB)
+        cpu = self.cpu_now(target)  # after the drop and the touch: not the point's
         stall = max(self.pool.call("save", [{"fmt": fmt, "place": p, "world": world}
                                             for p in places], self.time_limit(ranks)))
         row = {"stall_s": stall}
@@ -377,7 +390,7 @@ class Bench:
         if workload not in SINGLE:  # the 1-rank checkpoints are checked by the restores
             if workload in COLD_LOADS and target is not None:
                 self.remount_cold(target)
-            drop_caches()
+            self.point_start(ranks * self.args.mib * MiB)
             loaded = max(self.pool.call("load", [{"fmt": fmt, "place": p} for p in places],
                                         self.time_limit(ranks)))
             self.checked += len(places)
@@ -408,7 +421,7 @@ class Bench:
             key = f"{prefix}/{path.relative_to(directory).as_posix()}"
             self.client.upload_file(str(path), self.bucket, key, Config=config)
 
-        drop_caches()
+        self.point_start(sum(p.stat().st_size for p in files))
         start = time.perf_counter()
         with ThreadPoolExecutor(len(files)) as ex:
             list(ex.map(upload, files))
@@ -430,7 +443,7 @@ class Bench:
         fmt, mode, _ = RESTORES[restore]
         workload = f"{fmt}_save_1"
         place = self.place(system, workload, 0, r)
-        drop_caches()
+        self.point_start(self.args.mib * MiB)
         seconds = self.pool.call("load", [{"fmt": fmt, "place": place,
                                            "mode": "mmap" if mode == "mmap" else ""}],
                                  self.time_limit(1))[0]
@@ -506,6 +519,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-checkpoint",
                     help="scratch dir on the cache disk (wiped); the mounts are under it")
     ap.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    guestmem.add_arguments(ap)
     ap.add_argument("--point-timeout", type=float, default=60,
                     help="seconds a save or load may take, plus 120 s per GiB of it; "
                          "longer is reported as hung (default 60)")
@@ -557,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(a)
     started = time.monotonic()
     fatal = ""
-    with guestmem.kept_backed(bench.notes, touch=not a.quick):
+    with bench.backing.held():
         try:
             bench.start()
             bench.run(lambda r: write_results(bench, started, r + 1, quiet=True))

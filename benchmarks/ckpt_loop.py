@@ -37,7 +37,7 @@ from typing import Any
 import lakefs_mount
 from benchmarks.checkpoint import RankPool
 from benchmarks.ckpt_ranks import DataError
-from benchmarks.suite import s3_config
+from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     LakefsTarget,
     create_warm_bucket,

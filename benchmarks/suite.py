@@ -5,6 +5,8 @@ against lakefs-mount (each io engine), the raw baselines (cache disk, boto3) and
 (JuiceFS, rclone) when available, verifies the data (CRC-32 of everything read back), and
 writes results.json, results.md and one PNG per workload under the output directory.
 Exit status 0 unless a workload crashed or data was wrong; the goal lines are informative.
+Each timed point starts with the memory it will use touched (benchmarks/guestmem.py;
+`--touch-gib`, `--set-page-reporting-order`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import guestmem, report
+from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     JuiceFSTarget,
     LakefsTarget,
@@ -86,6 +89,8 @@ class Suite:
         self.small_errors: dict[str, str] = {}
         self.read_errors: dict[str, str] = {}
         self.anomalies: list[str] = []
+        self.backing = guestmem.Backing(self.notes, set_order=args.set_page_reporting_order,
+                                        touch_gib=args.touch_gib, quick=args.quick)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -101,6 +106,17 @@ class Suite:
                 self.notes.append(f"page cache could not be dropped ({exc.strerror}): warm "
                                   f"and raw-disk reads may be served from RAM")
             self.drop_ok = False
+
+    def point_start(self, nbytes: int, drop: bool = True) -> None:
+        """Every timed point starts here: the page cache dropped (unless `drop` is false),
+        then the memory a point with `nbytes` of data will use touched, so that the host
+        backs it (benchmarks/guestmem.py)."""
+        if drop:
+            self.drop_caches()
+        self.backing.before_point(nbytes)
+
+    def small_bytes(self) -> int:
+        return self.args.small_files * self.args.small_kib * 1024
 
     def new_bucket(self, tag: str) -> str:
         self._bucket_no += 1
@@ -190,7 +206,7 @@ class Suite:
         d = self.work / (into if keep else "raw-unkept")
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        self.drop_caches()
+        self.point_start(self.total)
         res = run_parallel("write", self.write_args(d, fsync, checksum=not self.expected))
         if not self.expected:
             self.expected = {i: x.crc for i, x in enumerate(res)}
@@ -203,7 +219,7 @@ class Suite:
     def timed_reads(self, what: str, read_all: Callable[[], list]) -> float:
         """One parallel read of the checkpoint's files, page cache dropped, every byte
         verified: GiB/s."""
-        self.drop_caches()
+        self.point_start(self.total)
         res = read_all()
         self.verify_reads(what, res)
         t0, t1, n = span(res)
@@ -245,7 +261,7 @@ class Suite:
                    ) -> tuple[str, float, float]:
             bucket = self.new_bucket("raw")
             if drop:
-                self.drop_caches()
+                self.point_start(self.total)
             cpu0, t0 = time.process_time(), time.monotonic()
             with ThreadPoolExecutor(self.args.writers) as pool:
                 list(pool.map(lambda n: client.upload_file(
@@ -267,7 +283,7 @@ class Suite:
             """The ideal pipelined on these cores: a raw write of the checkpoint's size and
             the raw upload of the files already written, started together; seconds until
             both are done (a mount can only overlap its writes with its uploads as well)."""
-            self.drop_caches()
+            self.point_start(self.total)
             during = self.work / "raw-during"
             shutil.rmtree(during, ignore_errors=True)
             during.mkdir(parents=True)
@@ -359,6 +375,7 @@ class Suite:
             (target.path / "ckpt").mkdir()
             out["write_base"].append(self.raw_write(f"raw disk write before {label} run "
                                                     f"{r + 1}", keep=False)[0])
+            self.point_start(self.total, drop=False)
             cpu0 = proc_cpu_seconds(target.pid) if target.pid else None
             res = run_parallel("write", self.write_args(target.path / "ckpt"))
             t0, t1, n = span(res)
@@ -407,7 +424,7 @@ class Suite:
         """A fresh mount's warm-up command (S3 -> its cache, nobody reading): GiB/s."""
         target = self.start_target(make(self.work / f"{label}-u{r}", bucket))
         try:
-            self.drop_caches()
+            self.point_start(self.total)
             t0 = time.monotonic()
             target.warmup(target.path / "ckpt")
             rate = len(self.names()) * self.size / GiB / (time.monotonic() - t0)
@@ -435,8 +452,7 @@ class Suite:
             d = base / "small"
             d.mkdir(parents=True)
             try:
-                if not target:
-                    self.drop_caches()
+                self.point_start(self.small_bytes(), drop=not target)
                 res = run_parallel("small", [(str(d), c, size, 1000 + i)
                                              for i, c in enumerate(chunks)])
                 t0, t1, _ = span(res)
@@ -457,8 +473,7 @@ class Suite:
                         self._verify_small(bucket, "small/", chunks, want_crcs)
                     target = self.start_target(make(self.work / f"{label}-c{r}", bucket))
                     d = target.path / "small"
-                else:
-                    self.drop_caches()
+                self.point_start(self.small_bytes(), drop=not target)
                 ls, st = self._ls_stat(d, len(names))
                 out["ls_cold"].append(ls)
                 out["stat_cold"].append(st)
@@ -616,7 +631,7 @@ class Suite:
                 crcs = self.upload_read_set(bucket, names, pool)
                 self.log(f"small-file read set run {r + 1}: {len(names)} objects of "
                          f"{a.read_kib} KiB uploaded in {time.monotonic() - t_up:.1f} s")
-                self.drop_caches()
+                self.point_start(a.read_files * a.read_kib * 1024)
                 res = run_parallel("get_small", [(self.s3.endpoint_url, bucket,
                                                   [names[i] for i in order], READERS)])
                 self.check_small_reads(f"raw GetObject run {r + 1}", res, [order], names,
@@ -662,7 +677,7 @@ class Suite:
             target = self.start_target(make(self.work / f"{key}-rd{r}", bucket))
             try:
                 for phase in ("cold", "warm"):
-                    self.drop_caches()
+                    self.point_start(len(names) * self.args.read_kib * 1024)
                     res = run_parallel("read_small", [
                         (str(target.path), [names[i] for i in share], MiB)
                         for share in shares])
@@ -898,20 +913,6 @@ class Suite:
         }
 
 
-def s3_config(pool: int):  # noqa: ANN201
-    """botocore Config of every boto3 baseline: path style, `pool` connections, no
-    default request/response CRCs (botocore >= 1.36 computes them in Python per request)
-    and unsigned payloads (no SHA-256 pass over every body): as lakefs-mount's client."""
-    from botocore.config import Config
-
-    kwargs: dict[str, Any] = {"max_pool_connections": pool, "s3": {"addressing_style": "path",
-                                                                  "payload_signing_enabled": False}}
-    if "request_checksum_calculation" in getattr(Config, "OPTION_DEFAULTS", {}):
-        kwargs["request_checksum_calculation"] = "when_required"
-        kwargs["response_checksum_validation"] = "when_required"
-    return Config(**kwargs)
-
-
 def machine() -> dict[str, Any]:
     cpu = "?"
     with contextlib.suppress(OSError):
@@ -1027,6 +1028,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     r.add_argument("--workdir", default="/var/tmp/lakefs-mount-bench",
                    help="scratch dir on the cache disk (wiped)")
     r.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    guestmem.add_arguments(r)
     a = ap.parse_args(argv)
     quick = {"writers": 4, "file_mib": 64, "small_files": 1000, "read_files": 500, "runs": 1}
     full = {"writers": 8, "file_mib": 512, "small_files": 10000, "read_files": 20000,
@@ -1056,7 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(a)
     crashed = False
     try:
-        with guestmem.kept_backed(suite.notes, touch=not a.quick):
+        with suite.backing.held():
             results = suite.run()
     except DataError as exc:
         print(f"DATA ERROR: {exc}", file=sys.stderr)

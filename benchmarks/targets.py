@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.s3config import s3_config
 from lakefs_mount.ops.mountpoint import is_mounted
 from lakefs_mount.s3.embedded import EmbeddedS3, free_port
 
@@ -410,8 +411,6 @@ class RcloneTarget(Target):
         moment right after close()). A file rclone failed to upload (its log says why)
         never arrives: give up after `timeout` seconds."""
         import boto3
-
-        from benchmarks.suite import s3_config
 
         client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                               config=s3_config(4))

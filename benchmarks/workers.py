@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.s3config import s3_config
+
 MiB = 1 << 20
 POOL_BYTES = 16 * MiB
 
@@ -105,8 +107,6 @@ def _get_one(barrier: Any, endpoint: str, bucket: str, key: str, size: int, part
     """Parallel ranged GETs of one object (`window` in flight), checksummed in order."""
     import boto3
 
-    from benchmarks.suite import s3_config
-
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           config=s3_config(window + 2))
     ranges = [(o, min(o + part, size) - 1) for o in range(0, size, part)]
@@ -153,8 +153,6 @@ def _put_small(barrier: Any, endpoint: str, bucket: str, keys: Sequence[str], si
                seed: int, threads: int) -> Result:
     import boto3
     data = random.Random(seed).randbytes(size)
-    from benchmarks.suite import s3_config
-
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           config=s3_config(threads + 2))
     client.head_bucket(Bucket=bucket)
@@ -197,8 +195,6 @@ def _get_small(barrier: Any, endpoint: str, bucket: str, keys: Sequence[str],
     """GetObject of every key (whole body) with `threads` threads; CRC-32 and size of each
     in `extra`, in the order of `keys`."""
     import boto3
-
-    from benchmarks.suite import s3_config
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           config=s3_config(threads + 2))
