@@ -47,6 +47,100 @@ class Chunk:
     dirty_since: float | None = None  # trio time it became dirty (ChunkBook); None: clean
 
 
+@dataclass(slots=True)
+class PassthroughState:
+    """FUSE passthrough (owned by cache.passthrough): opens the kernel serves from the
+    cache file itself, those of them that may write, and the cache file's (size,
+    mtime_ns) when the chunk map last matched it."""
+
+    opens: int = 0
+    writers: int = 0
+    seen: tuple[int, int] | None = None
+    recorded: trio.Event | None = None  # set once the journal knows of the writers
+    streamed: set[int] = field(default_factory=set)  # chunks handed to the flusher early
+    watched: tuple[int, int] | None = None  # (size, mtime_ns) the watcher saw last
+    # the journal row certainly carries passthrough = 1 (cleared before anything that may
+    # write it without: a row write, a commit that may drop the row)
+    flagged: bool = False
+
+
+@dataclass(slots=True)
+class Descriptors:
+    """The cache file's descriptors (owned by FdTable), kept open between I/Os."""
+
+    fd: int | None = None
+    dfd: int | None = None  # the same file opened with O_DIRECT (see cache.direct)
+    busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
+
+
+@dataclass(slots=True)
+class UploadErrors:
+    """How the file's way into S3 fails (owned by the flusher; status and flushes read)."""
+
+    streak: int = 0  # failures since the last success
+    count: int = 0  # failures ever (a flush counts only those after it started)
+    last: str | None = None
+    last_at: float = 0.0  # monotonic time of `last`: a flush shows only newer ones
+
+    def note(self, message: str) -> None:
+        """Why the file's way into S3 failed last (status, and a flush waiting for it)."""
+        self.last, self.last_at = message, time.monotonic()
+
+    def failed(self, message: str | None = None) -> None:
+        """One more failure: a flush that sees it fail ERRORS_BEFORE_FLUSH_FAILS times in
+        a row gives up (the daemon goes on)."""
+        self.streak += 1
+        self.count += 1
+        if message is not None:
+            self.note(message)
+
+    def succeeded(self) -> None:
+        self.streak = 0
+        self.last = None
+
+
+@dataclass(slots=True)
+class Fetches:
+    """Reads from S3 (owned by the Fetcher and the Reader)."""
+
+    under_way: dict[int, trio.Event] = field(default_factory=dict)  # chunk -> its GET's end
+    read_next: int = -1  # where a sequential reader reads next (readahead trigger)
+
+
+@dataclass(slots=True)
+class Writes:
+    """Writes through the daemon (owned by the Writer)."""
+
+    intents: dict[int, trio.Event] = field(default_factory=dict)  # chunk -> intent journalled
+    in_flight: int = 0  # write() calls under way: see the Writer's failed-write rule
+
+
+@dataclass(slots=True)
+class CommittedBase:
+    """The object in S3 that the file's clean bytes come from (its last commit, or the
+    object a listing found)."""
+
+    key: str | None = None
+    size: int = 0
+    etag: str | None = None
+    crc: tuple[str, int] | None = None  # (ETag, CRC-32C) of its last commit
+    meta: dict[str, str] | None = None  # its user metadata, when known
+    validated_at: float = 0.0  # monotonic time S3 last confirmed `etag`
+
+
+@dataclass(slots=True)
+class OpenUpload:
+    """The file's multipart upload under way, if any (owned by cache.uploads)."""
+
+    id: str | None = None
+    key: str | None = None
+    checksum: bool = False  # its Complete needs every part's CRC-32C
+    # A rename kept the open upload at its old key (`key`): the move of the object to the
+    # file's key waits for this, set once the upload is completed there (and the file's
+    # base is that key) or has left the file uncompleted (nothing to move).
+    moves: trio.Event | None = None
+
+
 @dataclass(eq=False)
 class CachedFile:
     """One regular file (or symlink, or special file) with cached or pending content."""
@@ -58,25 +152,11 @@ class CachedFile:
     gid: int
     mtime_ns: int
     fid: int | None = None  # journal id; also names the cache file
-    fd: int | None = None
-    dfd: int | None = None  # the same file opened with O_DIRECT (see cache.direct)
-    base_key: str | None = None  # committed object the clean bytes come from
-    base_size: int = 0
-    base_etag: str | None = None
-    committed_crc: tuple[str, int] | None = None  # (ETag, CRC-32C) of its last commit
-    s3_meta: dict[str, str] | None = None  # user metadata of the base, when known
-    upload_id: str | None = None
-    upload_key: str | None = None
-    upload_checksum: bool = False  # upload_id's Complete needs every part's CRC-32C
-    # A rename kept the open upload at its old key (upload_key): the move of the object
-    # to the file's key waits for this, set once the upload is completed there (and the
-    # file's base is that key) or has left the file uncompleted (nothing to move).
-    upload_moves: trio.Event | None = None
+    base: CommittedBase = field(default_factory=CommittedBase)
+    upload: OpenUpload = field(default_factory=OpenUpload)
     symlink: str | None = None
     rdev: int = 0  # device number of a character or block device
     chunks: dict[int, Chunk] = field(default_factory=dict)
-    fetching: dict[int, trio.Event] = field(default_factory=dict)
-    intent_pending: dict[int, trio.Event] = field(default_factory=dict)
     in_journal: bool = False
     # A commit of it may have put an object at its key that the journal does not know of:
     # a request placing it got no answer here (timed out, connection lost), or the file was
@@ -89,29 +169,14 @@ class CachedFile:
     writers: int = 0  # open handles that may write
     openers: int = 0
     unlinked: bool = False
-    _commit_lock: trio.Lock | None = field(default=None, repr=False)
-    _upload_lock: trio.Lock | None = field(default=None, repr=False)
-    error_streak: int = 0  # failures since the last success
-    error_count: int = 0  # failures ever (a flush counts only those after it started)
-    last_error: str | None = None
-    last_error_at: float = 0.0  # monotonic time of last_error: a flush shows only newer ones
-    validated_at: float = 0.0  # monotonic time S3 last confirmed base_etag
+    _locks: tuple[trio.Lock, trio.Lock] | None = field(default=None, repr=False)
     page_cache_etag: str | None = None  # version the kernel's page cache holds
-    read_next: int = -1  # where a sequential reader reads next (readahead trigger)
-    io_busy: int = 0  # engine requests in flight on fd: it may not be closed meanwhile
-    writes_in_flight: int = 0  # write() calls under way (Writer): see its failed-write rule
-    # FUSE passthrough (see cache.passthrough): opens the kernel serves from the cache file
-    # itself, those of them that may write, and the cache file's (size, mtime_ns) when the
-    # chunk map last matched it.
-    pt_opens: int = 0
-    pt_writers: int = 0
-    pt_seen: tuple[int, int] | None = None
-    pt_recorded: trio.Event | None = None  # set once the journal knows of the writers
-    pt_streamed: set[int] = field(default_factory=set)  # chunks handed to the flusher early
-    pt_watched: tuple[int, int] | None = None  # (size, mtime_ns) the watcher saw last
-    # the journal row certainly carries passthrough = 1 (cleared before anything that may
-    # write it without: a row write, a commit that may drop the row)
-    pt_flagged: bool = False
+    # the parts' own state of the file, each written by its owner only
+    pt: PassthroughState = field(default_factory=PassthroughState)
+    io: Descriptors = field(default_factory=Descriptors)
+    errors: UploadErrors = field(default_factory=UploadErrors)
+    fetches: Fetches = field(default_factory=Fetches)
+    writes: Writes = field(default_factory=Writes)
 
     # The locks come into being on first use: a fresh mount lists directories of tens of
     # thousands of files, and two trio.Locks per file would take a large share of the
@@ -119,16 +184,16 @@ class CachedFile:
     @property
     def commit_lock(self) -> trio.Lock:
         """Held while the file is committed (or renamed, removed) in S3."""
-        if self._commit_lock is None:
-            self._commit_lock = trio.Lock()
-        return self._commit_lock
+        if self._locks is None:
+            self._locks = trio.Lock(), trio.Lock()
+        return self._locks[0]
 
     @property
     def upload_lock(self) -> trio.Lock:
         """Held while the file's multipart upload is being created."""
-        if self._upload_lock is None:
-            self._upload_lock = trio.Lock()
-        return self._upload_lock
+        if self._locks is None:
+            self._locks = trio.Lock(), trio.Lock()
+        return self._locks[1]
 
     def late_commit_tag(self, under_way: bool = False) -> str | None:
         """The arg of a DELETE of the file's own key where a commit of it may land there
@@ -146,57 +211,41 @@ class CachedFile:
 
     def start_upload(self, upload_id: str, key: str, checksum: bool) -> None:
         """The multipart upload its parts go to from now on (created for `key`)."""
-        self.upload_id, self.upload_key, self.upload_checksum = upload_id, key, checksum
+        self.upload.id, self.upload.key, self.upload.checksum = upload_id, key, checksum
 
     def take_upload(self, completed: bool = False) -> tuple[str, str] | None:
         """Off the file: the open upload's (key, id), once it is completed, aborted, gone,
         or left behind by a rename; None if there is none. An upload that leaves
         uncompleted lets a move waiting for it go (it finds nothing to move); a completed
         one, only once its object is the file's base (`release_move`)."""
-        if self.upload_id is None or self.upload_key is None:
+        if self.upload.id is None or self.upload.key is None:
             return None
-        taken = self.upload_key, self.upload_id
-        self.upload_id = self.upload_key = None
-        self.upload_checksum = False
+        taken = self.upload.key, self.upload.id
+        self.upload.id = self.upload.key = None
+        self.upload.checksum = False
         if not completed:
             self.release_move()
         return taken
 
     def release_move(self) -> None:
-        if self.upload_moves is not None:
-            self.upload_moves.set()
-            self.upload_moves = None
+        if self.upload.moves is not None:
+            self.upload.moves.set()
+            self.upload.moves = None
 
     def commit_key(self) -> str:
         """Where the next commit puts the object: the file's key, or the old key of an
         upload a rename kept (its object moves to the file's key afterwards)."""
-        if self.upload_moves is not None and self.upload_key is not None:
-            return self.upload_key
+        if self.upload.moves is not None and self.upload.key is not None:
+            return self.upload.key
         return self.key
-
-    def note_error(self, message: str) -> None:
-        """Why the file's way into S3 failed last (status, and a flush waiting for it)."""
-        self.last_error, self.last_error_at = message, time.monotonic()
-
-    def failed(self, message: str | None = None) -> None:
-        """One more failure of the file's way into S3: a flush that sees it fail
-        ERRORS_BEFORE_FLUSH_FAILS times in a row gives up (the daemon goes on)."""
-        self.error_streak += 1
-        self.error_count += 1
-        if message is not None:
-            self.note_error(message)
-
-    def succeeded(self) -> None:
-        self.error_streak = 0
-        self.last_error = None
 
     def object_seen(self, key: str | None, size: int, etag: str | None, now: float) -> None:
         """S3 holds the file as this object and nothing of it is pending: the file is the
         object (its size), confirmed `now` (close-to-open)."""
         assert not self.pending, self.key
-        self.size = self.base_size = size
-        self.base_key, self.base_etag = key, etag
-        self.validated_at = now
+        self.size = self.base.size = size
+        self.base.key, self.base.etag = key, etag
+        self.base.validated_at = now
 
     def row_written(self) -> None:
         """The journal holds the file's row from now on: it is pending."""
@@ -206,7 +255,7 @@ class CachedFile:
         """Nothing of it goes to S3 any more (its journal row is gone with its pending
         changes); `unlinked`: nor does its name (else only those changes were dropped)."""
         self.in_journal = False
-        self.pt_flagged = False
+        self.pt.flagged = False
         self.unlinked = unlinked
 
     def row_dropped(self) -> None:
@@ -215,13 +264,13 @@ class CachedFile:
         assert self.unlinked or not any(
             c.state in PENDING_STATES for c in self.chunks.values()), self.key
         self.in_journal = False
-        self.pt_flagged = False
+        self.pt.flagged = False
 
     def flag_doubtful(self) -> None:
         """A commit may drop the journal row, passthrough flag and all: the flag is not
         certain until a row write sets it again (the generation moves on, so that one
         already under way does not)."""
-        self.pt_flagged = False
+        self.pt.flagged = False
         self.intent_gen += 1
 
     def commit_answer_lost(self) -> None:
@@ -231,16 +280,16 @@ class CachedFile:
                   meta: dict[str, str]) -> None:
         """A commit placed the file's content in S3 as the object `key` (with CRC-32C
         `crc` where known, and user metadata `meta`): its new base."""
-        self.base_key, self.base_size, self.base_etag = key, size, etag
-        self.committed_crc = None if crc is None else (etag, crc)
-        self.s3_meta = meta
+        self.base.key, self.base.size, self.base.etag = key, size, etag
+        self.base.crc = None if crc is None else (etag, crc)
+        self.base.meta = meta
 
     def rebased(self, key: str | None, etag: str | None = None) -> None:
         """Its base object is now `key` (a rename; a move in S3, which may have given it
         the ETag `etag`)."""
-        self.base_key = key
+        self.base.key = key
         if etag is not None:
-            self.base_etag = etag
+            self.base.etag = etag
 
     def changed(self) -> None:
         """Its content, size or attributes changed: a commit of an older version no
@@ -252,7 +301,7 @@ class CachedFile:
 
     def validated(self, at: float) -> None:
         """S3 confirmed its base at monotonic time `at` (close-to-open)."""
-        self.validated_at = max(self.validated_at, at)
+        self.base.validated_at = max(self.base.validated_at, at)
 
     def page_cache_stale(self) -> None:
         """The kernel's page cache of it may no longer hold what the cache file holds."""

@@ -51,31 +51,31 @@ class CacheFiles:
                 fid = next(self._free_fids)
             if cf.fid is None:  # a concurrent task may have allocated one meanwhile
                 cf.fid = fid
-        if cf.fd is None:
+        if cf.io.fd is None:
             self.by_fid[cf.fid] = cf
-        elif not direct or cf.dfd is not None or not self.fds.can_direct:
+        elif not direct or cf.io.dfd is not None or not self.fds.can_direct:
             return self.fds.get(cf, "")  # open: no path needed (building one costs)
         path = str(self.path(cf.fid))
         if direct:
             self.fds.get_direct(cf, path)  # opens the plain descriptor too
-            assert cf.fd is not None
-            return cf.fd
+            assert cf.io.fd is not None
+            return cf.io.fd
         return self.fds.get(cf, path)
 
     @asynccontextmanager
     async def io(self, cf: CachedFile, direct: bool = False) -> AsyncIterator[int]:
         """The cache file's descriptor, kept open while an engine request uses it; with
-        `direct`, its O_DIRECT twin `cf.dfd` too (None where there is none)."""
+        `direct`, its O_DIRECT twin `cf.io.dfd` too (None where there is none)."""
         fd = await self.ensure_fd(cf, direct)
-        cf.io_busy += 1
+        cf.io.busy += 1
         try:
             yield fd
         finally:
-            cf.io_busy -= 1
+            cf.io.busy -= 1
 
     def dfd(self, cf: CachedFile) -> int | None:
         """`cf`'s O_DIRECT descriptor, if open and O_DIRECT was not given up."""
-        return cf.dfd if self.fds.can_direct else None
+        return cf.io.dfd if self.fds.can_direct else None
 
     def give_up_direct(self, exc: OSError) -> None:
         """An O_DIRECT request was refused (EINVAL: e.g. a disk whose logical blocks are

@@ -41,7 +41,7 @@ class ChunkBook:
         self.on_uploaded = on_uploaded
 
     def held(self, cf: CachedFile, idx: int) -> int:
-        return self.parts.held_bytes(idx, max(cf.size, cf.base_size))
+        return self.parts.held_bytes(idx, max(cf.size, cf.base.size))
 
     def chunk_bytes(self, idx: int) -> int:
         start, end = self.parts.chunk_range(idx)

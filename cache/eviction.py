@@ -55,10 +55,10 @@ class Evictor:
         freed = 0
         for cf, idx in self.budget.victims(nbytes):
             ch = cf.chunks.get(idx)
-            if self.budget.pinned((cf, idx)) or cf.unlinked or cf.pt_opens:
+            if self.budget.pinned((cf, idx)) or cf.unlinked or cf.pt.opens:
                 continue  # in use (by the kernel itself in passthrough), or the only
                 # copy left of an unlinked open file
-            if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetching:
+            if ch is None or ch.state is not ChunkState.CLEAN or idx in cf.fetches.under_way:
                 self.budget.not_clean((cf, idx))
                 continue
             victims.append((cf, idx))
@@ -67,7 +67,7 @@ class Evictor:
             return 0
         busy = trio.Event()  # readers and writers of these chunks wait for the holes
         for cf, idx in victims:
-            cf.fetching[idx] = busy
+            cf.fetches.under_way[idx] = busy
             self.book.remove_chunk(cf, idx)
         try:
             await self.journal(self.journal.sync.drop_clean_many,
@@ -78,7 +78,7 @@ class Evictor:
             self.metrics[m.CACHE_EVICTIONS] += len(victims)
         finally:
             for cf, idx in victims:
-                del cf.fetching[idx]
+                del cf.fetches.under_way[idx]
             busy.set()
         return freed
 

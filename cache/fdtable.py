@@ -52,12 +52,12 @@ class FdTable:
 
     def get(self, cf: CachedFile, path: str) -> int:
         """The open descriptor of `cf`'s cache file at `path`, created 0600 if missing."""
-        if cf.fd is not None:
+        if cf.io.fd is not None:
             self._lru.move_to_end(cf)
-            return cf.fd
+            return cf.io.fd
         fd = self._open_retrying(cf, lambda: os.open(path, OPEN_FLAGS, 0o600))
         assert fd is not None
-        cf.fd = fd
+        cf.io.fd = fd
         self._lru[cf] = None
         return fd
 
@@ -65,9 +65,9 @@ class FdTable:
         """`cf`'s O_DIRECT descriptor (its plain one is opened first), or None where the
         filesystem has no O_DIRECT."""
         self.get(cf, path)
-        if cf.dfd is None and self._direct.supported:
-            cf.dfd = self._open_retrying(cf, lambda: self._direct.open(path))
-        return cf.dfd
+        if cf.io.dfd is None and self._direct.supported:
+            cf.io.dfd = self._open_retrying(cf, lambda: self._direct.open(path))
+        return cf.io.dfd
 
     def open_loose(self, cf: CachedFile, path: str) -> int:
         """A descriptor of `cf`'s cache file that the caller closes at once (the kernel keeps
@@ -97,12 +97,12 @@ class FdTable:
 
     def close(self, cf: CachedFile) -> None:
         """Close `cf`'s descriptor unless an I/O is using it."""
-        if cf.fd is not None and cf.io_busy == 0:
-            for fd in (cf.fd, cf.dfd):
+        if cf.io.fd is not None and cf.io.busy == 0:
+            for fd in (cf.io.fd, cf.io.dfd):
                 if fd is not None:
                     os.close(fd)
                     self._open -= 1
-            cf.fd = cf.dfd = None
+            cf.io.fd = cf.io.dfd = None
             self._lru.pop(cf, None)
 
     def _trim(self, keep: CachedFile) -> None:
@@ -111,8 +111,8 @@ class FdTable:
         for cf in self._lru:  # least recently used first
             if excess <= 0:
                 break
-            if cf.io_busy == 0 and cf is not keep:
+            if cf.io.busy == 0 and cf is not keep:
                 victims.append(cf)
-                excess -= 1 if cf.dfd is None else 2
+                excess -= 1 if cf.io.dfd is None else 2
         for cf in victims:
             self.close(cf)

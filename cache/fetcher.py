@@ -55,13 +55,13 @@ class _Filling:
     def __init__(self, cf: CachedFile, idx: int) -> None:
         self.cf = cf
         self.idx = idx
-        self.done = cf.fetching[idx] = trio.Event()
+        self.done = cf.fetches.under_way[idx] = trio.Event()
 
     def __enter__(self) -> None:
         pass
 
     def __exit__(self, *exc: object) -> None:
-        del self.cf.fetching[self.idx]
+        del self.cf.fetches.under_way[self.idx]
         self.done.set()
 
 
@@ -119,9 +119,9 @@ class Fetcher:
     def base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
         """The part of chunk `idx` that the committed object holds (empty if none)."""
         start, end = self.parts.chunk_range(idx)
-        if cf.base_key is None:
+        if cf.base.key is None:
             return start, start
-        return start, max(start, min(end, cf.base_size))
+        return start, max(start, min(end, cf.base.size))
 
     def fetching(self, cf: CachedFile, idx: int) -> _Filling:
         """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
@@ -161,7 +161,7 @@ class Fetcher:
         while True:
             if idx in cf.chunks:
                 return
-            waiting = cf.fetching.get(idx)
+            waiting = cf.fetches.under_way.get(idx)
             if waiting is None:
                 break
             await waiting.wait()  # a concurrent reader fetches it; share its GET
@@ -187,7 +187,7 @@ class Fetcher:
                         await trio.to_thread.run_sync(write_back, fd, start, end)
             ch = self.book.new_chunk(cf, idx)
             if end - start >= BUFFER_SIZE and not written_back:
-                self.book.fresh[(cf, idx)] = (ch, cf.base_etag, trio.current_time())
+                self.book.fresh[(cf, idx)] = (ch, cf.base.etag, trio.current_time())
                 return
             self._note_fetched(cf, idx)
             ch.direct = written_back and self.files.fds.can_direct  # (O_DIRECT reads see it)
@@ -197,12 +197,12 @@ class Fetcher:
         that object while the GET is under way (its copy lands, the file is rebased, the
         old key is deleted): the GET then goes to where the object is now."""
         while True:
-            key = cf.base_key
+            key = cf.base.key
             assert key is not None
             try:
                 return await self._get_into(fd, key, start, end)
             except NoSuchKey:
-                if cf.base_key in (key, None):
+                if cf.base.key in (key, None):
                     raise
 
     async def _get_into(self, fd: int, key: str, start: int, end: int) -> None:
@@ -238,11 +238,11 @@ class Fetcher:
 
     def read_ahead_of(self, cf: CachedFile, last: int) -> None:
         """A sequential reader: fetch the next chunks in parallel before it asks."""
-        if self._nursery is None or cf.base_key is None:
+        if self._nursery is None or cf.base.key is None:
             return
-        stop = min(last + 1 + self.read_ahead, self.parts.chunk_count(cf.base_size))
+        stop = min(last + 1 + self.read_ahead, self.parts.chunk_count(cf.base.size))
         for idx in range(last + 1, stop):
-            if idx not in cf.chunks and idx not in cf.fetching:
+            if idx not in cf.chunks and idx not in cf.fetches.under_way:
                 self._nursery.start_soon(self._prefetch, cf, idx)
 
     async def _prefetch(self, cf: CachedFile, idx: int) -> None:
@@ -253,8 +253,8 @@ class Fetcher:
 
     def _note_fetched(self, cf: CachedFile, idx: int) -> None:
         """Chunk `idx` holds the committed object's bytes: the next mount may reuse it."""
-        if cf.base_key is not None and cf.base_etag is not None and cf.fid is not None:
-            self.journal.note_clean_later(cf.fid, cf.base_key, cf.base_etag, cf.base_size,
+        if cf.base.key is not None and cf.base.etag is not None and cf.fid is not None:
+            self.journal.note_clean_later(cf.fid, cf.base.key, cf.base.etag, cf.base.size,
                                           [idx])
 
     def read_through(self, cf: CachedFile, idx: int) -> None:
@@ -271,7 +271,7 @@ class Fetcher:
         self._read_through_bytes += size
         if cf not in self._reading:
             self._reading.add(cf)
-            self._reading_bytes += cf.base_size
+            self._reading_bytes += cf.base.size
         limit = READ_THROUGH_MAX if self._reading_bytes <= READ_THROUGH_MAX else 0
         while self._read_through_bytes > limit:
             self.settle_soon(*next(iter(self._read_through)))
@@ -302,7 +302,7 @@ class Fetcher:
             return
         finally:
             self._settling -= 1
-        if cf.chunks.get(idx) is ch and ch.state is ChunkState.CLEAN and etag == cf.base_etag:
+        if cf.chunks.get(idx) is ch and ch.state is ChunkState.CLEAN and etag == cf.base.etag:
             self._note_fetched(cf, idx)
             ch.direct = self.files.fds.can_direct
 
@@ -312,7 +312,7 @@ class Fetcher:
         it is written back as a whole (faster here than in O_DIRECT pieces)."""
         fetched = 0
         if idx not in cf.chunks:
-            waited = idx in cf.fetching  # a reader's GET: that one counts it
+            waited = idx in cf.fetches.under_way  # a reader's GET: that one counts it
             start, end = self.base_span(cf, idx)
             await self.room.ensure(end - start)  # evicts clean data of others
             await self.ensure_chunk(cf, idx, written_back=True)
@@ -324,16 +324,16 @@ class Fetcher:
         """GET a small object whole at lookup (its open usually follows), for its metadata
         and its bytes: they go into the cache file as chunk 0 from the GET's own thread,
         so the read that follows sends no GET and the loop never handles the bytes."""
-        expected = cf.base_size
-        if (cf.pending or cf.chunks or cf.fetching or cf.base_key is None
+        expected = cf.base.size
+        if (cf.pending or cf.chunks or cf.fetches.under_way or cf.base.key is None
                 or not 0 < expected <= self.parts.chunk_range(0)[1]):
-            return await self.store.head(cf.base_key or cf.key)
+            return await self.store.head(cf.base.key or cf.key)
         filling = self.fetching(cf, 0)  # writers of chunk 0 wait, as for any fetch
         return await self._for_waiter(lambda: self._fetch_small(cf, filling))
 
     async def _fetch_small(self, cf: CachedFile, filling: _Filling) -> ObjectInfo | None:
-        expected = cf.base_size
-        assert cf.base_key is not None
+        expected = cf.base.size
+        assert cf.base.key is not None
         with filling:
             async with self._fetch_slots, self.files.io(cf) as fd:
                 def keep(body: bytes) -> bool:  # in the GET's thread
@@ -350,7 +350,7 @@ class Fetcher:
             if got is None:
                 return None
             info, kept = got
-            if kept and info.etag == cf.base_etag and not cf.pending and cf.fid is not None:
-                self.journal.note_clean_later(cf.fid, cf.base_key, info.etag, expected, [0])
+            if kept and info.etag == cf.base.etag and not cf.pending and cf.fid is not None:
+                self.journal.note_clean_later(cf.fid, cf.base.key, info.etag, expected, [0])
                 self.book.new_chunk(cf, 0)
             return info

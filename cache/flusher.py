@@ -154,7 +154,7 @@ class Flusher:
         for cf in files:
             await self.cache.passthrough.left(cf)
         targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
-        errors_before = {cf: cf.error_count for cf, _ in targets}
+        errors_before = {cf: cf.errors.count for cf, _ in targets}
         started = time.monotonic()
         self.store.wake_retries()  # S3 may be back: do not sit out a long backoff
         self._flushing.update(cf for cf, _ in targets)
@@ -176,11 +176,11 @@ class Flusher:
                     if cf.committed_version < v and not cf.unlinked and cf.pending]
             if not left:
                 return
-            failing = [cf for cf, _ in left if cf.error_streak >= ERRORS_BEFORE_FLUSH_FAILS
-                       and cf.error_count - errors_before[cf] >= ERRORS_BEFORE_FLUSH_FAILS]
+            failing = [cf for cf, _ in left if cf.errors.streak >= ERRORS_BEFORE_FLUSH_FAILS
+                       and cf.errors.count - errors_before[cf] >= ERRORS_BEFORE_FLUSH_FAILS]
             if failing:
                 raise FlushFailed(
-                    f"uploading {failing[0].key} keeps failing: {failing[0].last_error}; "
+                    f"uploading {failing[0].key} keeps failing: {failing[0].errors.last}; "
                     f"{len(left)} file(s) not yet committed (the daemon keeps retrying)")
             if callable(on_progress):
                 await on_progress(self.progress([cf for cf, _ in left], since=started))
@@ -195,8 +195,8 @@ class Flusher:
         bytes_left = sum(  # not yet sent; uploaded parts only wait for their Complete
             self.parts.held_bytes(i, cf.size)
             for cf in files for i, c in cf.chunks.items() if c.state in DIRTY_STATES)
-        errors = [cf.last_error for cf in files
-                  if cf.error_streak and cf.last_error_at >= since]
+        errors = [cf.errors.last for cf in files
+                  if cf.errors.streak and cf.errors.last_at >= since]
         return FlushProgress(len(files), bytes_left, errors[0] if errors else None)
 
     # -- commits ----------------------------------------------------------------------
@@ -205,7 +205,7 @@ class Flusher:
         failed = False
         try:
             while self.gate is not None and self._gate_busy(cf):  # (a rename may change
-                await self.gate.wait_clear(cf.commit_key(), cf.upload_moves)  # the key)
+                await self.gate.wait_clear(cf.commit_key(), cf.upload.moves)  # the key)
             async with self._commit_slots.hold(cf, cf in self._flushing), cf.commit_lock:
                 while True:
                     if self._gate_busy(cf):
@@ -231,7 +231,7 @@ class Flusher:
             self._progress_changed()
         if failed:  # the commit is tried again after this: a retry too
             self.metrics[m.RETRIES] += 1
-            await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.error_streak, 6)))
+            await self.store.backoff(min(30.0, 0.5 * 2 ** min(cf.errors.streak, 6)))
         if cf.pending and cf.writers == 0 and cf.committed_version < cf.version:
             self.request_commit(cf)
 
@@ -239,23 +239,23 @@ class Flusher:
         """Changes of names must reach S3 before this commit: those touching where it
         puts the object (for an upload a rename kept, its old key, and only the changes
         recorded before the move that waits for it)."""
-        return self.gate is not None and self.gate.busy(cf.commit_key(), cf.upload_moves)
+        return self.gate is not None and self.gate.busy(cf.commit_key(), cf.upload.moves)
 
     async def _commit(self, cf: CachedFile) -> None:
         if not cf.pending or cf.unlinked:
             return
         await self.cache.passthrough.left(cf)
-        written = self.cache.passthrough.size_now(cf) if cf.pt_writers else cf.size
+        written = self.cache.passthrough.size_now(cf) if cf.pt.writers else cf.size
         if written > MAX_OBJECT_SIZE:  # grown there by a passthrough writer: the daemon
             # saw no write to refuse with EFBIG. Kept, and flush says why it cannot finish.
             raise ObjectStoreError(f"{cf.key} is {written} bytes, larger than S3's largest "
                                    "object (5 TiB): truncate it below that, or remove it")
-        if cf.pt_writers:  # the kernel writes it directly: commit what it holds now
+        if cf.pt.writers:  # the kernel writes it directly: commit what it holds now
             await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
         meta = self.uploads.metadata(cf)
         nchunks = self.parts.chunk_count(size)
-        if cf.upload_moves is not None and (nchunks <= 1 or cf.symlink is not None):
+        if cf.upload.moves is not None and (nchunks <= 1 or cf.symlink is not None):
             # an upload a rename kept that this commit would not complete: it goes (the
             # move waiting for it finds nothing), and the commit comes again behind it
             await self.uploads.abandon(cf)
@@ -263,8 +263,8 @@ class Flusher:
         started = time.monotonic()
         placed = cf.key  # where the object lands: an upload a rename kept, at its old key
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
-        attrs_only = (not pending_idx and cf.base_key == cf.key and size == cf.base_size
-                      and cf.upload_id is None and cf.symlink is None)
+        attrs_only = (not pending_idx and cf.base.key == cf.key and size == cf.base.size
+                      and cf.upload.id is None and cf.symlink is None)
         crc: int | None = None  # of the new object, where known
         if cf.symlink is not None:
             body = cf.symlink.encode()
@@ -279,10 +279,10 @@ class Flusher:
                                            cf.key, cf.key, meta, places_object=True)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
             committed = []
-            if cf.committed_crc is not None and cf.committed_crc[0] == cf.base_etag:
-                crc = cf.committed_crc[1]  # the same bytes
+            if cf.base.crc is not None and cf.base.crc[0] == cf.base.etag:
+                crc = cf.base.crc[1]  # the same bytes
         elif nchunks <= 1:
-            if cf.upload_id is not None:
+            if cf.upload.id is not None:
                 await self.uploads.abort(cf)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
             key = cf.key
@@ -322,10 +322,10 @@ class Flusher:
             parts = [(n, etag) for n, (etag, _) in sorted(results.items())]
             crc = self.uploads.full_crc([c for _, (_, c) in sorted(results.items())], size)
             listed = ([c for _, (_, c) in sorted(results.items())]  # (all known: see above)
-                      if cf.upload_checksum else None)
+                      if cf.upload.checksum else None)
             etag = await self.uploads.call(cf, f"CompleteMultipartUpload {key}",
                                            self.store.sync.complete_multipart, key, upload_id,
-                                           parts, listed, crc if cf.upload_checksum else None,
+                                           parts, listed, crc if cf.upload.checksum else None,
                                            places_object=True)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
@@ -366,10 +366,10 @@ class Flusher:
     async def _base_vanished(self, cf: CachedFile) -> bool:
         """The object holding the unchanged bytes is gone: deleted (an unlink that crashed
         half-way, D15) or by another node. The file's pending state goes with it."""
-        if cf.base_key is None or await self.store.head(cf.base_key) is not None:
+        if cf.base.key is None or await self.store.head(cf.base.key) is not None:
             return False
         log.error("%s: its committed object %s was deleted; dropping its pending changes",
-                  cf.key, cf.base_key)
+                  cf.key, cf.base.key)
         await self.cache.discard(cf, name_kept=True)
         return True
 

@@ -159,10 +159,10 @@ class CacheManager:
     def clean_note(self, cf: CachedFile) -> CleanNote | None:
         """The committed object is the new base: every clean cached chunk belongs to it
         (what the journal notes for the warm cache, with the commit)."""
-        if cf.fid is None or cf.base_key is None or cf.base_etag is None:
+        if cf.fid is None or cf.base.key is None or cf.base.etag is None:
             return None
         clean = [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]
-        return cf.fid, cf.base_key, cf.base_etag, cf.base_size, clean
+        return cf.fid, cf.base.key, cf.base.etag, cf.base.size, clean
 
     # -- a file's life ------------------------------------------------------------------
 

@@ -122,39 +122,39 @@ class Passthrough:
             await self._hand_over(cf)
 
     async def _hand_over(self, cf: CachedFile) -> None:
-        if cf.unlinked or cf.fid is None or cf.pt_writers == 0:
+        if cf.unlinked or cf.fid is None or cf.pt.writers == 0:
             return
         seen = self._stat(cf)
-        if seen == cf.pt_watched:
+        if seen == cf.pt.watched:
             return
-        cf.pt_watched = seen
+        cf.pt.watched = seen
         self._note_written(cf, seen)
-        if seen == cf.pt_seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
+        if seen == cf.pt.seen or seen[0] > MAX_OBJECT_SIZE:  # nothing written since the
             return  # open, or past S3's largest object (no part of it fits; commits say so)
         assert cf.fid is not None  # (a thread: SEEK_HOLE waits for a write() under way)
         written = await trio.to_thread.run_sync(
             _written_up_to, self.cachefiles.path(cf.fid), seen[0], abandon_on_cancel=True)
         behind = self.parts.chunk_of(written - 1) if written else 0
-        todo = [i for i in range(behind) if i not in cf.pt_streamed]
+        todo = [i for i in range(behind) if i not in cf.pt.streamed]
         if todo:
-            cf.pt_streamed.update(todo)
+            cf.pt.streamed.update(todo)
             await self.writer.stream_written(cf, todo)
 
     async def enter(self, cf: CachedFile, writable: bool, daemon_opens: int) -> int | None:
         """A new descriptor of the cache file for the kernel to serve this open from, or
         None when the open must go through the daemon. `daemon_opens`: other opens of the
         file that go through the daemon."""
-        if cf.pt_opens == 0 and not self._may_start(cf, writable, daemon_opens):
+        if cf.pt.opens == 0 and not self._may_start(cf, writable, daemon_opens):
             return None
-        cf.pt_opens += 1  # counted before any await: a concurrent open must follow suit
+        cf.pt.opens += 1  # counted before any await: a concurrent open must follow suit
         if writable:
-            cf.pt_writers += 1
+            cf.pt.writers += 1
             self.writing.add(cf)
         fd = -1
         try:
             fd = self.cachefiles.open_loose(cf)
             st = os.fstat(fd)
-            if cf.pt_opens == 1 and st.st_size != cf.size:
+            if cf.pt.opens == 1 and st.st_size != cf.size:
                 # the kernel reads up to the backing file's end: bytes of an older, longer
                 # version past it (or a tail never written) must not show
                 os.ftruncate(fd, cf.size)
@@ -180,16 +180,16 @@ class Passthrough:
     async def _recorded(self, cf: CachedFile) -> None:
         """The journal knows that the kernel may write the file, before the open is
         answered; a second writer waits for the first one's record."""
-        if cf.pt_recorded is not None:
-            await cf.pt_recorded.wait()
+        if cf.pt.recorded is not None:
+            await cf.pt.recorded.wait()
             return
-        cf.pt_recorded = recorded = trio.Event()
+        cf.pt.recorded = recorded = trio.Event()
         try:
-            cf.pt_seen = self._stat(cf)
-            if not cf.pt_flagged:  # (a file created in passthrough: flagged at its create)
+            cf.pt.seen = self._stat(cf)
+            if not cf.pt.flagged:  # (a file created in passthrough: flagged at its create)
                 await self.writer.save_attrs(cf)  # the journal row, with passthrough = 1
         except BaseException:
-            cf.pt_recorded = None
+            cf.pt.recorded = None
             raise
         finally:
             recorded.set()
@@ -203,22 +203,22 @@ class Passthrough:
         cancels the requests under way): cut, it left the chunk map from before the
         writes, and the exit flush committed that (a file short of its tail in S3)."""
         if not writable:
-            cf.pt_opens -= 1
+            cf.pt.opens -= 1
             return
-        cf.pt_writers -= 1
+        cf.pt.writers -= 1
         try:
-            if cf.pt_writers == 0:
-                cf.pt_recorded = None
+            if cf.pt.writers == 0:
+                cf.pt.recorded = None
                 self.writing.discard(cf)
                 self._blocks.pop(cf, None)
                 try:
                     with trio.CancelScope(shield=True):
                         await self.sync(cf)
                 finally:
-                    cf.pt_streamed.clear()
-                    cf.pt_watched = None
+                    cf.pt.streamed.clear()
+                    cf.pt.watched = None
         finally:
-            cf.pt_opens -= 1
+            cf.pt.opens -= 1
 
     async def sync(self, cf: CachedFile) -> None:
         """Bring the chunk map in line with the cache file (before a commit, a truncate,
@@ -242,23 +242,23 @@ class Passthrough:
         close(), while the take-over waits for the watcher's hand-over, would get the
         size the watcher saw in the middle of the writes, and the kernel would keep it
         (a torch.save, then a stat, would see a short file)."""
-        return cf.pt_writers > 0 or self._settling(cf)
+        return cf.pt.writers > 0 or self._settling(cf)
 
     def _settling(self, cf: CachedFile) -> bool:
         look = self._looking.get(cf)
-        return cf.pt_writers == 0 and look is not None and look.locked()
+        return cf.pt.writers == 0 and look is not None and look.locked()
 
     async def _take_over(self, cf: CachedFile) -> None:
-        if self.slow_take_over and cf.pt_writers == 0:
+        if self.slow_take_over and cf.pt.writers == 0:
             await trio.sleep(self.slow_take_over)
         if cf.unlinked or cf.fid is None:
             return
         seen = self._stat(cf)
-        if seen != cf.pt_seen:
+        if seen != cf.pt.seen:
             self._note_written(cf, seen)
-            cf.pt_seen = seen
+            cf.pt.seen = seen
             await self.writer.take_over_written(cf, seen[0], self._parts_to_keep(cf))
-        elif cf.pt_writers == 0 and not self.writer.row_covers(cf, cf.size):
+        elif cf.pt.writers == 0 and not self.writer.row_covers(cf, cf.size):
             await self.writer.save_attrs(cf)  # unchanged: the journal row loses its flag
 
     def _parts_to_keep(self, cf: CachedFile) -> frozenset[int]:
@@ -268,7 +268,7 @@ class Passthrough:
         cache file (`Chunk.verify`) and sends again any that changed. Waiting here for
         uploads in flight would hold back the tail's upload and the commit."""
         keep = set()
-        for idx in cf.pt_streamed:
+        for idx in cf.pt.streamed:
             ch = cf.chunks.get(idx)
             if ch is None or ch.state is ChunkState.CLEAN:
                 continue  # committed meanwhile and maybe written again: it goes up
@@ -286,7 +286,7 @@ class Passthrough:
     @staticmethod
     def _note_written(cf: CachedFile, seen: tuple[int, int]) -> None:
         cf.resized(seen[0])
-        if cf.pt_seen is None or seen[1] != cf.pt_seen[1]:  # written since: a new mtime
+        if cf.pt.seen is None or seen[1] != cf.pt.seen[1]:  # written since: a new mtime
             cf.touched(max(cf.mtime_ns, seen[1]))
 
     def size_now(self, cf: CachedFile) -> int:

@@ -64,8 +64,8 @@ class Reader:
         if end <= offset:
             return b""
         touched = self.parts.chunks_between(offset, end)
-        sequential = offset == cf.read_next or offset == 0
-        cf.read_next = end
+        sequential = offset == cf.fetches.read_next or offset == 0
+        cf.fetches.read_next = end
         if sequential:
             self.fetcher.read_ahead_of(cf, touched[-1])
         with self.book.pinned(cf, touched):

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState, CommittedBase, OpenUpload
 from lakefs_mount.cache.journalschema import CHUNK_UPLOADED, INTENT, PendingFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.s3.objectstore import NoSuchUpload
@@ -87,30 +87,31 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     size = max(rec.size, st.st_size)
     mtime_ns = max(rec.mtime_ns, st.st_mtime_ns) if rec.passthrough else rec.mtime_ns
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
-                    mtime_ns=mtime_ns, fid=rec.fid, base_key=rec.base_key,
-                    base_size=rec.base_size or 0, upload_id=rec.upload_id,
-                    upload_key=rec.upload_key, symlink=rec.symlink, rdev=rec.rdev,
-                    in_journal=True, commit_unknown=True, intent_gen=rec.intent_gen,
-                    upload_checksum=bool(rec.upload_checksum))
+                    mtime_ns=mtime_ns, fid=rec.fid,
+                    base=CommittedBase(rec.base_key, rec.base_size or 0),
+                    upload=OpenUpload(rec.upload_id, rec.upload_key,
+                                      bool(rec.upload_checksum)),
+                    symlink=rec.symlink, rdev=rec.rdev, in_journal=True, commit_unknown=True,
+                    intent_gen=rec.intent_gen)
     chunks = await journal(journal.sync.chunks, rec.fid)
     crcs = await journal(journal.sync.part_crcs, rec.fid)
     remote_parts: dict[int, str] | None = None
-    if cf.upload_id is not None and cf.upload_key is not None and cf.upload_key != cf.key:
+    if cf.upload.id is not None and cf.upload.key is not None and cf.upload.key != cf.key:
         # Renamed while its upload was open, by a mount older than the background abort
         # (Uploads.abandon): nothing completes at the old name; the parts go again.
-        await store.retrying(f"AbortMultipartUpload {cf.upload_key}",
-                             store.sync.abort_multipart, cf.upload_key, cf.upload_id)
+        await store.retrying(f"AbortMultipartUpload {cf.upload.key}",
+                             store.sync.abort_multipart, cf.upload.key, cf.upload.id)
         await journal(journal.sync.forget_uploads, rec.fid)
-        await journal(journal.sync.end_upload, cf.upload_id)
+        await journal(journal.sync.end_upload, cf.upload.id)
         cf.take_upload()
         report.uploads_restarted += 1
-    elif cf.upload_id is not None and cf.upload_key is not None:
+    elif cf.upload.id is not None and cf.upload.key is not None:
         try:
             remote_parts = await store.retrying(
-                f"ListParts {cf.upload_key}", store.sync.list_parts, cf.upload_key, cf.upload_id)
+                f"ListParts {cf.upload.key}", store.sync.list_parts, cf.upload.key, cf.upload.id)
         except NoSuchUpload:
             await journal(journal.sync.forget_uploads, rec.fid)
-            await journal(journal.sync.end_upload, cf.upload_id)
+            await journal(journal.sync.end_upload, cf.upload.id)
             cf.take_upload()
             report.uploads_restarted += 1
     for idx, (state, etag) in chunks.items():

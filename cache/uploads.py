@@ -3,7 +3,7 @@
 The upload is created for the file's current key (and abandoned, aborted in the
 background, when a rename moves the file); parts stream while the file is written, a
 commit takes each part as uploaded, copies it from the base object (UploadPartCopy) or
-sends it again. S3 calls made for a file count against it (`error_streak`), which is how
+sends it again. S3 calls made for a file count against it (`errors.streak`), which is how
 a flush learns that a file keeps failing.
 """
 
@@ -53,12 +53,12 @@ class Uploads:
     async def call(self, cf: CachedFile, what: str, fn: object, *args: object,
                    places_object: bool = False) -> object:
         """An S3 call of a commit: its failed attempts show in status at once; the call
-        counts as one failure of the file (`error_streak`, which fails a waiting flush
+        counts as one failure of the file (`errors.streak`, which fails a waiting flush
         after ERRORS_BEFORE_FLUSH_FAILS) once all its attempts failed. `places_object`:
         the call puts an object at the file's key; an attempt S3 never answered may still
         do so (`commit_unknown`)."""
         def on_error(exc: Exception) -> None:
-            cf.note_error(str(exc))
+            cf.errors.note(str(exc))
             if places_object and getattr(exc, "status", None) is None:
                 cf.commit_answer_lost()
             self.on_progress()
@@ -74,9 +74,9 @@ class Uploads:
             # failure of the file (`forget` counts one where its upload vanished)
             raise
         except Exception:
-            cf.failed()
+            cf.errors.failed()
             raise
-        cf.succeeded()
+        cf.errors.succeeded()
         return result
 
     def metadata(self, cf: CachedFile) -> dict[str, str]:
@@ -93,16 +93,16 @@ class Uploads:
         is abandoned as the rename would have, and one is created for the new key."""
         async with cf.upload_lock:
             while True:
-                if cf.upload_id is not None and cf.upload_key is not None:
-                    if cf.upload_key == cf.commit_key():  # (a rename may have kept it)
-                        return cf.upload_key, cf.upload_id
+                if cf.upload.id is not None and cf.upload.key is not None:
+                    if cf.upload.key == cf.commit_key():  # (a rename may have kept it)
+                        return cf.upload.key, cf.upload.id
                     await self.abandon(cf)
                 key = cf.key
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.intend_upload, cf.fid, key)
                 # S3 keeps the whole object's CRC-32C only if every part has one: not
                 # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base_key is None
+                checksum = self.checksums.full_object and cf.base.key is None
                 upload_id = await self.call(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
                                            self.metadata(cf), checksum)
@@ -117,7 +117,7 @@ class Uploads:
         Only if the file's current upload is the one gone: a request that raced with a
         rename's abort must not throw away the upload that replaced it.
         """
-        upload_id, upload_key = cf.upload_id, cf.upload_key
+        upload_id, upload_key = cf.upload.id, cf.upload.key
         if upload_id is None or upload_key is None:
             return
         try:
@@ -125,10 +125,10 @@ class Uploads:
             return  # still there: the failure was an older upload's
         except NoSuchUpload:
             pass
-        if cf.upload_id != upload_id:
+        if cf.upload.id != upload_id:
             return
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
-        cf.failed(f"its multipart upload {upload_id} vanished from S3 (aborted or expired "
+        cf.errors.failed(f"its multipart upload {upload_id} vanished from S3 (aborted or expired "
                   "behind the mount)")
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.take_upload()
@@ -154,7 +154,7 @@ class Uploads:
         """A flusher task failed outside the S3 retry loop (e.g. a full journal disk)."""
         log.error("%s of %s failed: %s", what, cf.key, exc,
                   exc_info=not isinstance(exc, ObjectStoreError))
-        cf.failed(f"{what}: {exc}")
+        cf.errors.failed(f"{what}: {exc}")
         self.on_progress()
 
     async def upload_chunk(self, cf: CachedFile, idx: int) -> None:
@@ -186,7 +186,7 @@ class Uploads:
             raise
         self.metrics[m.PARTS_UPLOADED] += 1
         self.metrics[m.BYTES_UPLOADED] += end - start
-        current = cf.upload_id == upload_id  # not aborted by a rename meanwhile
+        current = cf.upload.id == upload_id  # not aborted by a rename meanwhile
         if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
                 and current):
             self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
@@ -208,7 +208,7 @@ class Uploads:
         a base object to copy parts from, or an older journal make."""
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
-        declare = cf.upload_checksum and cf.upload_id == upload_id
+        declare = cf.upload.checksum and cf.upload.id == upload_id
         async with self.cache.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
@@ -231,17 +231,17 @@ class Uploads:
                 await ch.settled.wait()
                 continue
             if (ch is not None and ch.state is ChunkState.UPLOADED and ch.length == end - start
-                    and (ch.sent_crc is not None or not cf.upload_checksum)
+                    and (ch.sent_crc is not None or not cf.upload.checksum)
                     and not await self._stale(cf, idx, ch)):
                 assert ch.etag is not None
                 return idx + 1, ch.etag, ch.sent_crc
-            in_base = cf.base_key is not None and end <= cf.base_size
+            in_base = cf.base.key is not None and end <= cf.base.size
             if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
-                assert cf.base_key is not None
+                assert cf.base.key is not None
                 async with self.slots.hold(cf, self.urgent(cf)):
                     etag = await self.call(cf, f"UploadPartCopy {key} #{idx + 1}",
                                           self.store.sync.upload_part_copy, key, upload_id,
-                                          idx + 1, cf.base_key, start, end)
+                                          idx + 1, cf.base.key, start, end)
                 self.metrics[m.PARTS_COPIED] += 1
                 return idx + 1, str(etag), None
             if cf.version != version or cf.unlinked:
@@ -276,17 +276,17 @@ class Uploads:
         """A rename of a file whose upload is open at the old key: the parts go again, to
         the new key, from the cache. The upload is aborted in the background (a rename
         never waits for S3); nothing is ever completed at the old name."""
-        if cf.upload_id is not None:
+        if cf.upload.id is not None:
             self.cache.detach_upload(cf)
             self.uploaded_to_dirty(cf)
             assert cf.fid is not None
             await self.journal(self.journal.sync.forget_uploads, cf.fid)
 
     async def abort(self, cf: CachedFile) -> None:
-        assert cf.upload_id is not None and cf.upload_key is not None
-        await self.call(cf, f"AbortMultipartUpload {cf.upload_key}",
-                       self.store.sync.abort_multipart, cf.upload_key, cf.upload_id)
-        await self.journal(self.journal.sync.end_upload, cf.upload_id)
+        assert cf.upload.id is not None and cf.upload.key is not None
+        await self.call(cf, f"AbortMultipartUpload {cf.upload.key}",
+                       self.store.sync.abort_multipart, cf.upload.key, cf.upload.id)
+        await self.journal(self.journal.sync.end_upload, cf.upload.id)
         cf.take_upload()
         self.uploaded_to_dirty(cf)
         assert cf.fid is not None

@@ -83,7 +83,7 @@ class WarmCache:
         entry = self.entries.pop(cf.key, None)
         if entry is None:
             return None, None
-        if entry.etag != cf.base_etag or entry.size != cf.base_size or cf.fid is not None:
+        if entry.etag != cf.base.etag or entry.size != cf.base.size or cf.fid is not None:
             return None, entry  # changed in S3 since: the caller drops it
         return entry, None
 

@@ -48,17 +48,17 @@ class Writer:
         cf.intent_gen += 1
         return PendingFile(intent_gen=cf.intent_gen,
             fid=cf.fid, key=cf.key, size=cf.size, mode=cf.mode, uid=cf.uid, gid=cf.gid,
-            mtime_ns=cf.mtime_ns, base_key=cf.base_key, base_size=cf.base_size,
-            upload_id=cf.upload_id, upload_key=cf.upload_key, symlink=cf.symlink, rdev=cf.rdev,
-            passthrough=1 if cf.pt_writers or passthrough else 0)
+            mtime_ns=cf.mtime_ns, base_key=cf.base.key, base_size=cf.base.size,
+            upload_id=cf.upload.id, upload_key=cf.upload.key, symlink=cf.symlink, rdev=cf.rdev,
+            passthrough=1 if cf.pt.writers or passthrough else 0)
 
     async def _put_row(self, cf: CachedFile, dirty: list[int] | None = None,
                        passthrough: bool = False) -> None:
         """Write the file's row, with the chunks `dirty` journalled dirty in the same
-        transaction; `cf.pt_flagged` follows the row's flag (see `row_covers`)."""
+        transaction; `cf.pt.flagged` follows the row's flag (see `row_covers`)."""
         rec = self.pending_record(cf, passthrough)
         if not rec.passthrough:
-            cf.pt_flagged = False  # the row may lose its flag any moment now
+            cf.pt.flagged = False  # the row may lose its flag any moment now
         cf.row_written()
         self.book.metrics[m.INTENTS_JOURNALLED] += 1
         if dirty is None:
@@ -66,7 +66,7 @@ class Writer:
         else:
             await self.journal(self.journal.sync.mark_dirty, rec, dirty)
         if cf.intent_gen == rec.intent_gen:  # no row write of it came after this one
-            cf.pt_flagged = bool(rec.passthrough)
+            cf.pt.flagged = bool(rec.passthrough)
 
     def row_covers(self, cf: CachedFile, size: int) -> bool:
         """Whether the journal row says all a passthrough writer's take-over would write
@@ -76,7 +76,7 @@ class Writer:
         take-over then needs no transaction, and the commit drops the row, flag and all
         (`Journal.finish_commit`): one transaction per small file created through
         passthrough, not three (the flag, the take-over)."""
-        return (cf.pt_flagged and cf.in_journal and cf.upload_id is None
+        return (cf.pt.flagged and cf.in_journal and cf.upload.id is None
                 and all(cf.state(i) is ChunkState.DIRTY
                         for i in range(self.parts.chunk_count(size))))
 
@@ -133,23 +133,23 @@ class Writer:
     async def _write_pinned(self, cf: CachedFile, offset: int, end: int,
                             data: bytes | memoryview, touched: range) -> int:
         for idx in touched:
-            while idx in cf.fetching:  # a fetch or an eviction of this chunk is under way
-                await cf.fetching[idx].wait()
+            while idx in cf.fetches.under_way:  # a fetch or an eviction of this chunk is under way
+                await cf.fetches.under_way[idx].wait()
             if idx not in cf.chunks:
                 bstart, bend = self.fetcher.base_span(cf, idx)
                 if bend > bstart and not (offset <= bstart and end >= bend):
                     await self.fetcher.ensure_chunk(cf, idx)  # keep the bytes the write leaves
         grows_from = cf.size if end > cf.size else None
         await self.mark_dirty(cf, list(touched), grows_from)
-        cf.writes_in_flight += 1
+        cf.writes.in_flight += 1
         try:
             await self._write_room_permitting(cf, data, offset)
         except OSError:
-            if cf.writes_in_flight == 1 and not cf.pt_writers:
+            if cf.writes.in_flight == 1 and not cf.pt.writers:
                 await self._drop_unacknowledged_tail(cf)
             raise
         finally:
-            cf.writes_in_flight -= 1
+            cf.writes.in_flight -= 1
         for idx in touched:
             cf.chunks[idx].gen += 1
         if end > cf.size:
@@ -320,7 +320,7 @@ class Writer:
 
     async def _not_dirty_yet(self, cf: CachedFile, indices: list[int]) -> list[int]:
         for idx in indices:
-            pending = cf.intent_pending.get(idx)
+            pending = cf.writes.intents.get(idx)
             if pending is not None:
                 await pending.wait()
         return [i for i in indices if cf.state(i) not in DIRTY_STATES]
@@ -330,7 +330,7 @@ class Writer:
         await self._ensure_journalled(cf)
         done = trio.Event()
         for idx in need:
-            cf.intent_pending[idx] = done
+            cf.writes.intents[idx] = done
         try:
             assert cf.fid is not None
             if not cf.unlinked:
@@ -341,5 +341,5 @@ class Writer:
                     self.book.set_state(cf, ch, idx, ChunkState.DIRTY)
         finally:
             for idx in need:
-                cf.intent_pending.pop(idx, None)
+                cf.writes.intents.pop(idx, None)
             done.set()

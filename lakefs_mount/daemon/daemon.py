@@ -337,7 +337,7 @@ class Daemon:
             "errors": self.metrics[m.ERRORS],
             # a file's upload failing, a namespace change failing, else any S3 request
             # failing now (a lookup's, ...)
-            "last_error": next((cf.last_error for cf in pending if cf.error_streak),
+            "last_error": next((cf.errors.last for cf in pending if cf.errors.streak),
                                self.names.status()["name_changes_error"])
             or self.s3_stats.current_error(),
             **self._s3_under_way(),

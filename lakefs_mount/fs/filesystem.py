@@ -50,15 +50,15 @@ class FileSystem(NameOps):
         if writable:
             self._writable_fs()
         await self._revalidate(inode)
-        keep = cf.page_cache_etag is not None and cf.page_cache_etag == cf.base_etag
-        cf.page_cache_etag = cf.base_etag
+        keep = cf.page_cache_etag is not None and cf.page_cache_etag == cf.base.etag
+        cf.page_cache_etag = cf.base.etag
         cf.openers += 1
         if writable:
             cf.writers += 1
         fh = self._new_fh()
         self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
         if writable and flags & os.O_TRUNC and cf.size:
-            if cf.pt_writers:
+            if cf.pt.writers:
                 await self.cache.passthrough.sync(cf)
             await self.cache.truncate(cf, 0)
         return fh
@@ -72,7 +72,7 @@ class FileSystem(NameOps):
         if cf is None or handle.inode.kind is not Kind.FILE:
             return None
         fd = await self.cache.passthrough.enter(cf, handle.writable,
-                                                cf.openers - 1 - cf.pt_opens)
+                                                cf.openers - 1 - cf.pt.opens)
         handle.passthrough = fd is not None
         if fd is not None:
             self.cache.metrics[m.PASSTHROUGH_OPENS] += 1
@@ -228,7 +228,7 @@ class FileSystem(NameOps):
             cf = inode.file
             if inode.kind is not Kind.FILE or cf is None or cf.unlinked:
                 continue
-            if cf.pending or cf.writers or cf.base_key is None:
+            if cf.pending or cf.writers or cf.base.key is None:
                 local += 1
                 continue
             try:
@@ -247,7 +247,7 @@ class FileSystem(NameOps):
         for None): a commit of data waits for those before it anyway. A file whose
         upload a rename kept commits first: the move of its object waits for it."""
         for cf in files:
-            if cf.upload_moves is not None:
+            if cf.upload.moves is not None:
                 self.flusher.request_commit(cf)
         await self.names.drain(self.ns.prefix + path.strip("/") if path else None)
         await self.flusher.flush(files, on_progress=on_progress)

@@ -151,7 +151,7 @@ class InodeOps:
         if size is not None and size > MAX_OBJECT_SIZE:
             raise FSError(errno.EFBIG, _TOO_BIG)
         await self.cache.passthrough.left(cf)
-        if cf.pt_writers:  # the chunk map first learns what the kernel wrote
+        if cf.pt.writers:  # the chunk map first learns what the kernel wrote
             await self.cache.passthrough.sync(cf)
         if size is not None:
             async with s3_errors(f"truncating {cf.key}"):
@@ -214,27 +214,27 @@ class InodeOps:
         (what is cached of it reads at local speed)."""
         cf = inode.file
         assert cf is not None
-        if (cf.pending or cf.openers or cf.base_key is None
-                or time.monotonic() - cf.validated_at < self.ns.ttl or self.ns.s3_slow()):
+        if (cf.pending or cf.openers or cf.base.key is None
+                or time.monotonic() - cf.base.validated_at < self.ns.ttl or self.ns.s3_slow()):
             return
         patience = self.ns.patience(True)
         started = trio.current_time()
         try:
             with trio.move_on_after(patience) as waited:
-                info = await self.store.head(cf.base_key)
+                info = await self.store.head(cf.base.key)
         except ObjectStoreError as exc:  # S3 cannot say now: the version last seen serves
             log.warning("%s not revalidated (%s): the version last seen is served",
-                        cf.base_key, exc)
+                        cf.base.key, exc)
             return
         if waited.cancelled_caught:
             self.ns.kept_waiting(started)
             log.warning("%s not revalidated (S3 did not answer in %.2f s): the version last "
-                        "seen is served", cf.base_key, patience)
+                        "seen is served", cf.base.key, patience)
             return
         if info is None:
-            raise FSError(errno.ENOENT, f"{cf.base_key} was deleted in S3")
+            raise FSError(errno.ENOENT, f"{cf.base.key} was deleted in S3")
         cf.validated(time.monotonic())
-        if info.etag != cf.base_etag:
+        if info.etag != cf.base.etag:
             self.ns.apply_metadata(inode, info)  # drops the chunks of the old version
 
 

@@ -137,7 +137,7 @@ class NameOps(InodeOps):
         tag = cf.late_commit_tag(under_way)
         if tag is not None:
             keys[cf.key] = tag
-        obj = self.names.object_key(cf.key, cf.base_key)
+        obj = self.names.object_key(cf.key, cf.base.key)
         if obj is not None:
             keys.setdefault(obj, None)
         return keys
@@ -220,9 +220,9 @@ class NameOps(InodeOps):
         if inode.kind is not Kind.SYMLINK or cf is None:
             raise FSError(errno.EINVAL)
         if cf.symlink is None:
-            assert cf.base_key is not None
-            async with s3_errors(f"GET {cf.base_key}"):
-                body = await self.store.get_range(cf.base_key, 0, max(cf.base_size, 1))
+            assert cf.base.key is not None
+            async with s3_errors(f"GET {cf.base.key}"):
+                body = await self.store.get_range(cf.base.key, 0, max(cf.base.size, 1))
             cf.symlink = body.decode(errors="surrogateescape")
         return cf.symlink
 

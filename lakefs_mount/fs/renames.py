@@ -45,7 +45,7 @@ class Renames:
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
         async with cf.commit_lock:
-            rekey = (cf.fid, new_key, cf.base_key) if cf.in_journal and cf.fid else None
+            rekey = (cf.fid, new_key, cf.base.key) if cf.in_journal and cf.fid else None
             if self._mostly_streamed(cf):
                 # Most of its parts are in S3 already: the upload stays and completes at
                 # the old key, and then the object moves (D25). Nothing is sent twice;
@@ -54,16 +54,16 @@ class Renames:
                 moves = trio.Event()
                 await self.names.record(MOVE, cf.key, new_key, KEPT_UPLOAD, rekey=rekey,
                                         after=moves)
-                cf.upload_moves = moves
+                cf.upload.moves = moves
             else:
                 await self.flusher.uploads.abandon(cf)
-                obj = self.names.object_key(cf.key, cf.base_key)
+                obj = self.names.object_key(cf.key, cf.base.key)
                 if obj is not None:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey)
                 tag = cf.late_commit_tag()  # a commit to the old name may land there
                 if tag is not None and obj != cf.key:
                     await self.names.record(DELETE, cf.key, arg=tag)
-            await self.cache.rekey(cf, new_key, cf.base_key)
+            await self.cache.rekey(cf, new_key, cf.base.key)
         self.ns.move(inode, dst_parent, name)
         self.cache.demand.release(cf)  # a temporary has its final name
 
@@ -73,8 +73,8 @@ class Renames:
         server-side copy, a few times faster than sending) costs less than sending those
         parts again. A file renamed right after its writes (safetensors renames before
         it even closes) has few parts up yet: they go again, and no copy follows."""
-        if (cf.upload_id is None or cf.upload_key != cf.key or cf.base_key is not None
-                or cf.upload_moves is not None or cf.unlinked or cf.size == 0):
+        if (cf.upload.id is None or cf.upload.key != cf.key or cf.base.key is not None
+                or cf.upload.moves is not None or cf.unlinked or cf.size == 0):
             return False
         sent = sum(ch.state in (ChunkState.UPLOADED, ChunkState.UPLOADING)
                    for ch in cf.chunks.values())
@@ -110,7 +110,7 @@ class Renames:
             for node in nodes:  # (their journal rows moved with the record)
                 if node.file is not None:
                     await self.cache.rekey(node.file, self.ns.key_of(node),
-                                           node.file.base_key)
+                                           node.file.base.key)
 
     async def _list_tree(self, top: Inode) -> None:
         stack = [top]

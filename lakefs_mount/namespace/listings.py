@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.cachefile import CachedFile, CommittedBase
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.namespace.dirindex import RESERVED_NAME
 from lakefs_mount.namespace.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
@@ -78,8 +78,9 @@ class Listed(Tree):
     def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
         uid, gid = self.owner
         cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
-                        mtime_ns=int(obj.mtime * 1e9), base_key=obj.key, base_size=obj.size,
-                        base_etag=obj.etag, validated_at=time.monotonic())
+                        mtime_ns=int(obj.mtime * 1e9),
+                        base=CommittedBase(obj.key, obj.size, obj.etag,
+                                           validated_at=time.monotonic()))
         self.cache.adopt_warm(cf)
         return cf
 
@@ -370,8 +371,8 @@ class Listed(Tree):
         S3 (written elsewhere), what we cached of it is dropped."""
         cf = inode.file
         assert cf is not None
-        if cf.base_etag == obj.etag:
-            if cf.base_key == obj.key:
+        if cf.base.etag == obj.etag:
+            if cf.base.key == obj.key:
                 cf.validated(listed_at)
             return
         if cf.pending or cf.openers:
@@ -379,7 +380,7 @@ class Listed(Tree):
         self.cache.invalidate(cf)
         cf.object_seen(obj.key, obj.size, obj.etag, time.monotonic())
         cf.set_attrs(mtime_ns=int(obj.mtime * 1e9))
-        cf.s3_meta = None
+        cf.base.meta = None
         inode.headed = False
         self.kernel.inode(inode.ino)
 

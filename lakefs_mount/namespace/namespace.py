@@ -101,7 +101,7 @@ class Namespace(Listed):
             try:
                 if (with_body and not cf.pending
                         and not cf.chunks  # a warm cache already holds it: HEAD is enough
-                        and cf.base_key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
+                        and cf.base.key == cf.key and 0 < cf.size <= SMALL_OBJECT_MAX):
                     info = await self.cache.fetch_small_object(cf)
                 else:
                     info = await self._head_object(cf)
@@ -125,9 +125,9 @@ class Namespace(Listed):
         its directory has not brought it to its new key (asked again at the new key if
         that move landed meanwhile and took the object away)."""
         while True:
-            key = cf.base_key or cf.key
+            key = cf.base.key or cf.key
             info = await self.store.head(key)
-            if info is not None or (cf.base_key or cf.key) == key:
+            if info is not None or (cf.base.key or cf.key) == key:
                 return info
 
     def _from_listing(self, inode: Inode, why: object) -> None:
@@ -257,12 +257,12 @@ class Namespace(Listed):
             if inode.headed:  # a HEAD or a lookup got there while the index loaded
                 continue
             metas = [e.meta for e in found.get(inode.name, ())
-                     if e.etag == cf.base_etag and e.size == cf.base_size]
-            if not metas or any(meta != metas[0] for meta in metas) or cf.base_key != cf.key:
+                     if e.etag == cf.base.etag and e.size == cf.base.size]
+            if not metas or any(meta != metas[0] for meta in metas) or cf.base.key != cf.key:
                 left.append(inode)
                 continue
             inode.headed = True
-            self.apply_metadata(inode, ObjectInfo(cf.key, cf.base_size, cf.base_etag or "",
+            self.apply_metadata(inode, ObjectInfo(cf.key, cf.base.size, cf.base.etag or "",
                                                   cf.mtime_ns / 1e9, metas[0]))
         return left
 
@@ -278,9 +278,9 @@ class Namespace(Listed):
         for name, ino in dir_inode.children.items():
             inode = self.inodes.get(ino)
             cf = inode.file if inode is not None else None
-            if (cf is not None and inode is not None and inode.headed and cf.s3_meta is not None
-                    and cf.base_etag and cf.base_key == cf.key and not cf.unlinked):
-                out[name] = IndexEntry(cf.base_etag, cf.base_size, cf.s3_meta)
+            if (cf is not None and inode is not None and inode.headed and cf.base.meta is not None
+                    and cf.base.etag and cf.base.key == cf.key and not cf.unlinked):
+                out[name] = IndexEntry(cf.base.etag, cf.base.size, cf.base.meta)
         return out
 
     def index_changed(self, dir_key: str) -> None:
@@ -292,15 +292,15 @@ class Namespace(Listed):
         assert cf is not None
         if cf.pending:
             return  # local changes not yet committed win over what S3 still holds
-        cf.s3_meta = dict(info.metadata)
+        cf.base.meta = dict(info.metadata)
         attrs = decode_attrs(info.metadata)
         cf.set_attrs(attrs.mode, attrs.uid, attrs.gid, attrs.mtime_ns if attrs.mtime_ns
                      is not None else int(info.mtime * 1e9))
         cf.rdev = attrs.rdev
-        if cf.base_etag != info.etag:
+        if cf.base.etag != info.etag:
             self.cache.invalidate(cf)
             self.kernel.inode(inode.ino)
-        cf.object_seen(cf.base_key, info.size, info.etag, time.monotonic())
+        cf.object_seen(cf.base.key, info.size, info.etag, time.monotonic())
         if attrs.is_symlink:
             cf.set_attrs(mode=stat.S_IFLNK | 0o777)
         inode.kind = kind_of(cf)
@@ -312,12 +312,12 @@ class Namespace(Listed):
         listing does not take the copy for a change made elsewhere."""
         for inode in self.inodes.values():
             cf = inode.file
-            if cf is None or cf.base_key is None:
+            if cf is None or cf.base.key is None:
                 continue
-            if cf.base_key == src:
+            if cf.base.key == src:
                 moved = dst
-            elif src.endswith("/") and cf.base_key.startswith(src):
-                moved = dst + cf.base_key[len(src):]
+            elif src.endswith("/") and cf.base.key.startswith(src):
+                moved = dst + cf.base.key[len(src):]
             else:
                 continue
             cf.rebased(moved, etags.get(moved))

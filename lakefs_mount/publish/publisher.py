@@ -221,19 +221,19 @@ class Publisher:
         bytes the cache file sent, which S3 checked; in memory, else in the journal),
         else from the cache file if it holds all of it."""
         if cf is not None and not cf.pending and cf.size == head.size:
-            if cf.committed_crc is not None and cf.committed_crc[0] == head.etag:
-                return cf.committed_crc[1]
+            if cf.base.crc is not None and cf.base.crc[0] == head.etag:
+                return cf.base.crc[1]
             if cf.fid is not None:  # (a commit of an earlier mount of this cache)
                 journal = self.cache.journal
                 noted = await journal(journal.sync.cached_crc, cf.fid, head.etag)
                 if noted is not None:
                     return int(noted)
-        if (cf is None or cf.pending or cf.base_etag != head.etag or cf.size != head.size
+        if (cf is None or cf.pending or cf.base.etag != head.etag or cf.size != head.size
                 or not self.cache.holds(cf, 0, cf.size)):
             return None
         version = cf.version
         crc = await self.cache.cached_crc(cf, 0, cf.size) if cf.size else 0
-        if cf.version != version or cf.base_etag != head.etag or cf.pending:
+        if cf.version != version or cf.base.etag != head.etag or cf.pending:
             return None  # written meanwhile: read S3's bytes instead
         return crc
 

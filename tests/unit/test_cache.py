@@ -51,8 +51,8 @@ class Core:
     def in_s3(self, key: str, size: int, etag: str | None = None) -> CachedFile:
         """The file of object `key` as a listing shows it: nothing of it cached yet."""
         cf = self.new_file(key)
-        cf.size = cf.base_size = size
-        cf.base_key, cf.base_etag = key, etag
+        cf.size = cf.base.size = size
+        cf.base.key, cf.base.etag = key, etag
         return cf
 
     async def write_file(self, key: str, data: bytes, block: int = MiB) -> CachedFile:
@@ -270,7 +270,7 @@ def test_recovery_rebuilds_pending_files_and_aborts_orphans(tmp_path):
                     await trio.sleep(0.01)
             orphan = store.create_multipart("orphan", {})
             c.journal.start_upload(cf.fid, orphan, "orphan")  # then superseded below
-            c.journal.start_upload(cf.fid, cf.upload_id, cf.upload_key)
+            c.journal.start_upload(cf.fid, cf.upload.id, cf.upload.key)
 
     async def remount() -> None:
         async with core(tmp_path, store) as c:
@@ -396,7 +396,7 @@ def test_cache_files_kept_open_stay_within_the_descriptor_budget(tmp_path):
                 assert await c.cache.read(cf, 0, len(data)) == data
                 assert len(c.cache.fds) <= 16
             assert open_fds() - before <= 16
-            assert writing.fd is None  # the least recently used: closed while idle
+            assert writing.io.fd is None  # the least recently used: closed while idle
             await c.cache.write(writing, 5000, b"b" * 5000)  # opens it again
             for cf in files:  # a second epoch reads the cached bytes back through reopens
                 assert await c.cache.read(cf, 0, cf.size) == bodies[cf.key]
@@ -417,7 +417,7 @@ def test_fsync_reaches_the_disk_even_after_the_descriptor_was_closed(tmp_path):
             written = await c.write_file("out/a", b"a" * 5000)
             for i in range(8):  # other files' reads push its descriptor out
                 assert await c.cache.read(c.in_s3(f"other/f{i}", 100), 0, 100) == b"o" * 100
-            assert written.fd is None
+            assert written.io.fd is None
             synced: list[int] = []
             fsync = c.cache.engine.fsync
 
@@ -561,8 +561,8 @@ def test_a_small_object_fetched_at_lookup_is_cached_only_if_it_is_the_listed_ver
             assert await c.cache.read(cf, 0, 1000) == b"x" * 1000
             assert store.calls["get"] + store.calls["get_range"] == gets + 1  # no read GET
             gone = c.new_file("gone")
-            gone.size = gone.base_size = 10
-            gone.base_key, gone.base_etag = "gone", "e"
+            gone.size = gone.base.size = 10
+            gone.base.key, gone.base.etag = "gone", "e"
             assert await c.cache.fetch_small_object(gone) is None
     run(body)
 
@@ -621,7 +621,7 @@ def test_rewriting_a_file_while_its_commit_runs_commits_the_new_content(tmp_path
             with trio.fail_after(30):
                 await c.close_and_flush(cf)
             assert c.store.objects["re"].body == new
-            assert cf.error_count == 0  # giving way is not an error
+            assert cf.errors.count == 0  # giving way is not an error
     run(body)
 
 
@@ -693,13 +693,13 @@ def test_chunks_a_passthrough_writer_left_go_to_the_flusher_without_waiting_for_
                 os.pwrite(fd, data, 0)
             finally:
                 os.close(fd)
-            cf.pt_opens = cf.pt_writers = 1
+            cf.pt.opens = cf.pt.writers = 1
             waits = c.cache.metrics[m.WRITER_WAITS]
             with trio.fail_after(10):  # S3 holds every upload: nothing drains meanwhile
                 await c.cache.stream_written(cf, [0, 1, 2])
             assert c.cache.metrics[m.WRITER_WAITS] == waits
             assert all(cf.chunks[i].state in DIRTY_STATES for i in range(3))
-            cf.pt_opens = cf.pt_writers = 0  # the last release takes over and commits
+            cf.pt.opens = cf.pt.writers = 0  # the last release takes over and commits
             await c.cache.take_over_written(cf, len(data), frozenset({0, 1, 2}))
             store.release.set()
             c.flusher.request_commit(cf)

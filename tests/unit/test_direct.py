@@ -306,7 +306,7 @@ def test_without_o_direct_everything_goes_through_the_page_cache(tmp_path, monke
             cf = c.in_s3("ckpt", len(data))
             got = [await c.cache.read_lent(cf, off, MiB) for off in range(0, len(data), MiB)]
             assert b"".join(got) == data
-            assert cf.dfd is None and not cf.chunks[0].direct
+            assert cf.io.dfd is None and not cf.chunks[0].direct
     run(body)
 
 
@@ -330,7 +330,7 @@ def test_a_disk_that_refuses_o_direct_requests_falls_back_to_the_page_cache(tmp_
                     call = getattr(engine, attr)
 
                     async def checked(fd: int, *args):  # type: ignore[no-untyped-def]
-                        if fd in {cf.dfd for cf in c.cache.files.values()}:
+                        if fd in {cf.io.dfd for cf in c.cache.files.values()}:
                             refused.append(fd)
                             raise OSError(errno.EINVAL, "Invalid argument")
                         return await call(fd, *args)
@@ -362,7 +362,7 @@ def test_descriptors_count_both_twins_against_the_budget(tmp_path):
             for i in range(20):
                 cf = c.in_s3(f"f{i}", MiB + i)
                 assert await c.cache.read_lent(cf, 0, MiB) == bytes([i]) * MiB
-                assert cf.dfd is not None
+                assert cf.io.dfd is not None
                 assert len(c.cache.fds) <= 8
             assert len(os.listdir("/proc/self/fd")) - before <= 8
     run(body)
