@@ -289,7 +289,7 @@ class Flusher:
             declare = self.checksums.send
             crcs: list[int] = []
             async with (self._slots.hold(cf, cf in self._flushing),
-                        self.cache.part_reader(cf, 0, size) as source):
+                        self.cache.reader.part_reader(cf, 0, size) as source):
                 def put() -> str:  # the file is read here too, not in the trio loop
                     data = source.read(0, size)
                     crcs[:] = [crc32c.crc32c(data)] if declare else []
@@ -302,7 +302,7 @@ class Flusher:
             committed = []
             for i, (ch, gen) in sent.items():
                 if cf.chunks.get(i) is ch and ch.gen == gen and ch.state is ChunkState.DIRTY:
-                    self.cache.set_state(cf, ch, i, ChunkState.UPLOADED)  # made clean below
+                    self.cache.book.set_state(cf, ch, i, ChunkState.UPLOADED)  # made clean below
                     committed.append(i)
         else:
             key, upload_id = await self.uploads.ensure(cf)
@@ -333,7 +333,7 @@ class Flusher:
             placed = key
             committed = [i for i in range(nchunks)]
         for i in committed:
-            self.cache.chunk_committed(cf, i)
+            self.cache.book.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.committed(placed, size, str(etag), crc, meta)  # (clean_note below needs it)
         keep = cf.version != version or any(

@@ -6,7 +6,9 @@ chunks, parts or the journal. Rules kept here (docs/durability.md):
 - a partial write into a chunk of a committed object first fills the chunk from S3;
 - a dirty chunk is never dropped; it leaves the cache only as a part or object in S3.
 
-`CacheManager` builds the parts and is the one interface to them (docs/architecture.md):
+`CacheManager` builds the parts and is the layers above's one interface to them, through
+its own methods (docs/architecture.md); inside `cache/`, the flusher, uploads and recovery
+call the parts it holds:
 `CacheFiles` (fids, descriptors), `ChunkBook` (chunk states, dirty bytes), `Evictor`,
 `DiskRoom` (the journal's reserve, waiting for space), `Fetcher` (GETs, readahead),
 `Reader`, `Writer` (and the journal rows), `Passthrough`, `WarmCache`, and the
@@ -39,8 +41,10 @@ from lakefs_mount.cache.reader import Reader
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.cache.writer import Writer
 from lakefs_mount.config import HooksForTests
+from lakefs_mount.filespan import SendSpan
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import PartMap
+from lakefs_mount.s3.objectstore import ObjectInfo
 from lakefs_mount.uring import IoEngine
 
 log = logging.getLogger(__name__)
@@ -82,30 +86,6 @@ class CacheManager:
                              self.demand, engine, buffers)
         self.warm = WarmCache(journal, self.budget, parts, self.cachefiles.path)
         self._nursery: trio.Nursery | None = None
-        # The interface of the parts to the filesystem layer and the flusher:
-        self.cache_path = self.cachefiles.path
-        self.open_cache_file = self.cachefiles.open_loose
-        self.set_state = self.book.set_state
-        self.chunk_committed = self.book.chunk_committed
-        self.evict_bytes = self.evictor.evict_bytes
-        self.disk_room = self.room.disk_room
-        self.keep_journal_reserve = self.room.keep_journal_reserve
-        self.fetch_chunk = self.fetcher.fetch_chunk
-        self.fetch_small_object = self.fetcher.fetch_small_object
-        self.settle_all = self.fetcher.settle_all
-        self.read = self.reader.read
-        self.read_lent = self.reader.read_lent
-        self.holds = self.reader.holds
-        self.part_reader = self.reader.part_reader
-        self.cached_crc = self.reader.cached_crc
-        self.new_file = self.writer.new_file
-        self.save_attrs = self.writer.save_attrs
-        self.row_covers = self.writer.row_covers
-        self.write = self.writer.write
-        self.truncate = self.writer.truncate
-        self.mark_dirty = self.writer.mark_dirty
-        self.take_over_written = self.writer.take_over_written
-        self.stream_written = self.writer.stream_written
         self.passthrough = Passthrough(self.cachefiles, self.book, self.room, self.reader,
                                        self.writer, parts, metrics,
                                        hooks or HooksForTests())
@@ -124,12 +104,45 @@ class CacheManager:
             await nursery.start(self.fetcher.run, NOTES_EVERY)
             nursery.start_soon(self.evictor.run)
             nursery.start_soon(self.passthrough.run)
-            await self.keep_journal_reserve()
+            await self.room.keep_journal_reserve()
             task_status.started()
             while True:
                 await trio.sleep(NOTES_EVERY)
-                await self.keep_journal_reserve()
+                await self.room.keep_journal_reserve()
                 await self.journal.write_notes()
+
+    # -- what the filesystem layer asks of the cache (the parts do it) ------------------
+
+    async def new_file(self, cf: CachedFile, passthrough: bool = False) -> None:
+        await self.writer.new_file(cf, passthrough)
+
+    async def save_attrs(self, cf: CachedFile) -> None:
+        await self.writer.save_attrs(cf)
+
+    async def write(self, cf: CachedFile, offset: int, data: bytes | memoryview) -> int:
+        return await self.writer.write(cf, offset, data)
+
+    async def truncate(self, cf: CachedFile, size: int) -> None:
+        await self.writer.truncate(cf, size)
+
+    async def read(self, cf: CachedFile, offset: int, size: int) -> bytes:
+        return await self.reader.read(cf, offset, size)
+
+    async def read_lent(self, cf: CachedFile, offset: int, size: int,
+                        send: SendSpan | None = None) -> bytes | memoryview:
+        return await self.reader.read_lent(cf, offset, size, send)
+
+    def holds(self, cf: CachedFile, start: int, end: int) -> bool:
+        return self.reader.holds(cf, start, end)
+
+    async def cached_crc(self, cf: CachedFile, start: int, end: int) -> int:
+        return await self.reader.cached_crc(cf, start, end)
+
+    async def fetch_small_object(self, cf: CachedFile) -> ObjectInfo | None:
+        return await self.fetcher.fetch_small_object(cf)
+
+    async def settle_all(self) -> None:
+        await self.fetcher.settle_all()
 
     # -- the warm cache a previous mount left ----------------------------------------
 

@@ -58,9 +58,9 @@ async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport
         await journal(journal.sync.end_upload, upload_id)
     files = []
     for rec in await journal(journal.sync.pending_files):
-        if not cache.cache_path(rec.fid).exists():
+        if not cache.cachefiles.path(rec.fid).exists():
             log.error("journal names %s but its cache file %s is gone; its unflushed data "
-                      "is lost", rec.key, cache.cache_path(rec.fid))
+                      "is lost", rec.key, cache.cachefiles.path(rec.fid))
             report.missing_cache_files += 1
             if rec.upload_id is not None and rec.upload_key is not None:
                 await store.retrying(f"AbortMultipartUpload {rec.upload_key}",
@@ -83,7 +83,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     # Writes extend the cache file in step with the file but do not touch the journal row:
     # the larger of the two is the size the application last saw. The kernel's writes
     # (passthrough) give the cache file its mtime too, as they gave the file's.
-    st = cache.cache_path(rec.fid).stat()
+    st = cache.cachefiles.path(rec.fid).stat()
     size = max(rec.size, st.st_size)
     mtime_ns = max(rec.mtime_ns, st.st_mtime_ns) if rec.passthrough else rec.mtime_ns
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
@@ -128,6 +128,6 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
             report.dirty_chunks += 1
     cache.adopt(cf)
     if rec.passthrough:  # D21: the kernel wrote the cache file directly: any byte may be new
-        await cache.take_over_written(cf, cf.size)
+        await cache.writer.take_over_written(cf, cf.size)
         report.dirty_chunks = sum(1 for c in cf.chunks.values() if c.state is ChunkState.DIRTY)
     return cf

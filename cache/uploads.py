@@ -139,7 +139,7 @@ class Uploads:
     def uploaded_to_dirty(self, cf: CachedFile) -> None:
         for idx, ch in cf.chunks.items():
             if ch.state is ChunkState.UPLOADED:
-                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
+                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
 
     async def stream_part(self, cf: CachedFile, idx: int) -> None:
         try:
@@ -166,7 +166,7 @@ class Uploads:
         end = min(end, cf.size)
         if end <= start:
             return
-        self.cache.set_state(cf, ch, idx, ChunkState.UPLOADING)
+        self.cache.book.set_state(cf, ch, idx, ChunkState.UPLOADING)
         ch.settled = trio.Event()
         ch.reading = False
         gen = ch.gen
@@ -181,7 +181,7 @@ class Uploads:
                     self.demand.in_flight -= 1
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
-                self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)
+                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
             ch.settled.set()
             raise
         self.metrics[m.PARTS_UPLOADED] += 1
@@ -189,12 +189,12 @@ class Uploads:
         current = cf.upload.id == upload_id  # not aborted by a rename meanwhile
         if (ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch
                 and current):
-            self.cache.set_state(cf, ch, idx, ChunkState.UPLOADED)
+            self.cache.book.set_state(cf, ch, idx, ChunkState.UPLOADED)
             ch.etag, ch.length, ch.sent_crc = str(etag), end - start, crc
             assert cf.fid is not None
             await self.journal(self.journal.sync.mark_uploaded, cf.fid, idx, str(etag), crc)
         elif ch.state is ChunkState.UPLOADING:
-            self.cache.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
+            self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
         ch.settled.set()
         self.on_progress()
 
@@ -209,7 +209,7 @@ class Uploads:
         what = f"UploadPart {key} #{idx + 1}"
         bodies: list[CachePartBody] = []
         declare = cf.upload.checksum and cf.upload.id == upload_id
-        async with self.cache.part_reader(cf, start, end) as source:
+        async with self.cache.reader.part_reader(cf, start, end) as source:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
@@ -249,7 +249,7 @@ class Uploads:
             if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):
                 # A hole, a part of another length, of older bytes or of no known CRC in
                 # an upload that needs it: the cached bytes go up as they are.
-                await self.cache.mark_dirty(cf, [idx], None)
+                await self.cache.writer.mark_dirty(cf, [idx], None)
             await self.upload_chunk(cf, idx)
 
     async def _stale(self, cf: CachedFile, idx: int, ch: Chunk) -> bool:

@@ -5,7 +5,7 @@ A job that reads its checkpoint after a warm-up reads it from the cache disk; a 
 can run the warm-up while the job still starts (imports, process groups). The fetch goes
 straight from S3 to the cache files: no FUSE request, and the cache disk only writes,
 where a cold read has it write and read at once. Each chunk is on disk and out of the
-page cache before it counts as cached (`CacheManager.fetch_chunk`).
+page cache before it counts as cached (`Fetcher.fetch_chunk`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ async def warm_up(cache: CacheManager, files: list[CachedFile],
     for cf, _ in todo:
         left[cf] = left.get(cf, 0) + 1
     progress = WarmProgress(len(files), total, len(left), sum(span(*ref) for ref in todo))
-    room = cache.disk_room(excluding=set(files))
+    room = cache.room.disk_room(excluding=set(files))
     if progress.bytes_left > room:
         raise CacheTooSmall(
             f"{human_bytes(progress.bytes_left)} to fetch do not fit on the cache disk"
@@ -70,7 +70,7 @@ async def warm_up(cache: CacheManager, files: list[CachedFile],
     async def worker() -> None:
         for cf, idx in queue:  # shared by the workers: each chunk is taken once
             if not cf.unlinked:  # (removed meanwhile: its cache file is gone)
-                progress.fetched_bytes += await cache.fetch_chunk(cf, idx)
+                progress.fetched_bytes += await cache.fetcher.fetch_chunk(cf, idx)
             progress.bytes_left -= span(cf, idx)
             left[cf] -= 1
             if not left[cf]:

@@ -46,7 +46,7 @@ def test_parts_go_from_the_cache_file_to_s3_in_pieces_skipping_the_page_cache(
         async with core(tmp_path, s3) as c:
             cf = await c.write_file("ckpt", data)
             assert cf.chunks[0].direct and cf.chunks[1].direct
-            path = c.cache.cache_path(cf.fid)
+            path = c.cache.cachefiles.path(cf.fid)
             await c.close_and_flush(cf)
             assert cached_pages(path) <= 2
     run(body)

@@ -688,7 +688,7 @@ def test_chunks_a_passthrough_writer_left_go_to_the_flusher_without_waiting_for_
             await c.cache.new_file(cf)
             held = await c.write_file("held", random.randbytes(2 * PART))  # fills the budget
             data = random.randbytes(3 * PART)
-            fd = c.cache.open_cache_file(cf)  # the kernel writes the cache file itself
+            fd = c.cache.cachefiles.open_loose(cf)  # the kernel writes the cache file itself
             try:
                 os.pwrite(fd, data, 0)
             finally:
@@ -696,11 +696,11 @@ def test_chunks_a_passthrough_writer_left_go_to_the_flusher_without_waiting_for_
             cf.pt.opens = cf.pt.writers = 1
             waits = c.cache.metrics[m.WRITER_WAITS]
             with trio.fail_after(10):  # S3 holds every upload: nothing drains meanwhile
-                await c.cache.stream_written(cf, [0, 1, 2])
+                await c.cache.writer.stream_written(cf, [0, 1, 2])
             assert c.cache.metrics[m.WRITER_WAITS] == waits
             assert all(cf.chunks[i].state in DIRTY_STATES for i in range(3))
             cf.pt.opens = cf.pt.writers = 0  # the last release takes over and commits
-            await c.cache.take_over_written(cf, len(data), frozenset({0, 1, 2}))
+            await c.cache.writer.take_over_written(cf, len(data), frozenset({0, 1, 2}))
             store.release.set()
             c.flusher.request_commit(cf)
             await c.flusher.flush([cf])

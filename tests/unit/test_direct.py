@@ -81,7 +81,7 @@ def test_a_fetched_chunk_is_read_from_memory_then_written_back_and_noted(tmp_pat
             cf = c.in_s3("ckpt", len(data), etag)
             first = await c.cache.read_lent(cf, 0, MiB)
             assert first == data[:MiB] and isinstance(first, memoryview) and first.readonly
-            path = c.cache.cache_path(cf.fid)
+            path = c.cache.cachefiles.path(cf.fid)
             assert cached_pages(path) >= PART // mmap.PAGESIZE  # chunk 0, in memory
             await c.cache.journal.write_notes()
             assert noted(c) == []
@@ -127,7 +127,7 @@ def test_chunks_read_to_their_end_go_to_disk_once_the_restore_pauses(tmp_path):
                 await settled(cf, idx, fetcher.QUIET_FOR + 3 * manager.NOTES_EVERY)
             await c.cache.journal.write_notes()
             assert noted(c) == list(range(6))
-            assert cached_pages(c.cache.cache_path(cf.fid)) == 0
+            assert cached_pages(c.cache.cachefiles.path(cf.fid)) == 0
     run(body)
 
 
@@ -206,7 +206,7 @@ def test_a_fetched_chunk_nobody_reads_to_its_end_is_written_back_in_time(tmp_pat
         async with core(tmp_path, store) as c:
             cf = c.in_s3("ckpt", len(data), etag)
             assert await c.cache.read(cf, PART + 5, 100) == data[PART + 5:PART + 105]
-            path = c.cache.cache_path(cf.fid)
+            path = c.cache.cachefiles.path(cf.fid)
             await settled(cf, 1, fetcher.FRESH_FOR + 3 * manager.NOTES_EVERY)
             await c.cache.journal.write_notes()
             assert cached_pages(path) == 0 and noted(c) == [1]
@@ -224,14 +224,14 @@ def test_a_warmed_up_chunk_is_on_disk_and_out_of_the_page_cache(tmp_path):
     async def body() -> None:
         async with core(tmp_path, store) as c:
             cf = c.in_s3("ckpt", len(data))
-            assert await c.cache.fetch_chunk(cf, 0) == PART
-            assert await c.cache.fetch_chunk(cf, 1) == len(data) - PART
-            path = c.cache.cache_path(cf.fid)
+            assert await c.cache.fetcher.fetch_chunk(cf, 0) == PART
+            assert await c.cache.fetcher.fetch_chunk(cf, 1) == len(data) - PART
+            path = c.cache.cachefiles.path(cf.fid)
             assert cached_pages(path) == 0
             assert cf.chunks[0].direct and cf.chunks[1].direct
             got = [await c.cache.read_lent(cf, off, MiB) for off in range(0, len(data), MiB)]
             assert b"".join(got) == data and isinstance(got[0], memoryview)
-            assert await c.cache.fetch_chunk(cf, 0) == 0  # cached: nothing fetched
+            assert await c.cache.fetcher.fetch_chunk(cf, 0) == 0  # cached: nothing fetched
     run(body)
 
 
@@ -265,7 +265,7 @@ def test_large_writes_skip_the_page_cache_and_commit_right(tmp_path):
         async with core(tmp_path) as c:
             cf = await c.write_file("ckpt", data[:PART])  # aligned 1 MiB writes
             assert cf.chunks[0].direct
-            path = c.cache.cache_path(cf.fid)
+            path = c.cache.cachefiles.path(cf.fid)
             assert cached_pages(path) == 0
             await c.cache.write(cf, a, data[a:b])
             await c.cache.write(cf, PART, data[PART:a])
