@@ -20,10 +20,8 @@ import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
-from lakefs_mount.cache.flusher import Flusher, FlushFailed
+from lakefs_mount.cache.flusher import FlushFailed
 from lakefs_mount.cache.journal import Journal
-from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import WarmProgress, warm_up
 from lakefs_mount.concurrency import first_cause
 from lakefs_mount.config import (
@@ -38,18 +36,13 @@ from lakefs_mount.daemon.startup import (
     prepare,
     startup_failure,
 )
+from lakefs_mount.fs.assembly import MountCore, assemble
 from lakefs_mount.fs.errors import FSError
-from lakefs_mount.fs.filesystem import FileSystem
 from lakefs_mount.fuse.native import DeviceError, KernelOps, NativeSession
 from lakefs_mount.fuse.pyfuse3_ops import Pyfuse3Session
 from lakefs_mount.fuse.splice import advice as splice_advice
 from lakefs_mount.fuse.splice import writes_can_splice
-from lakefs_mount.namespace.dirattrs import open_dir_attrs
-from lakefs_mount.namespace.dirindex import DirIndex, parent_dir_key
 from lakefs_mount.namespace.invalidations import Invalidations
-from lakefs_mount.namespace.latewrites import LateWrites
-from lakefs_mount.namespace.namelog import NameLog
-from lakefs_mount.namespace.namespace import Namespace
 from lakefs_mount.ops import sdnotify
 from lakefs_mount.ops.control import ControlError, serve_control
 from lakefs_mount.ops.dirprogress import DirProgress
@@ -77,14 +70,8 @@ class Daemon:
     """Everything of one mount that lives in the trio loop."""
 
     # built by run(), inside the I/O engine's context
-    cache: CacheManager
-    late_writes: LateWrites
-    names: NameLog
-    ns: Namespace
-    index: DirIndex
-    flusher: Flusher
+    core: MountCore
     orphan_uploader: OrphanUploader
-    fs: FileSystem
     session: NativeSession | Pyfuse3Session
 
     def __init__(self, config: MountConfig, store: ObjectStore, journal: Journal) -> None:
@@ -119,58 +106,17 @@ class Daemon:
         config = self.config
         async with open_engine(config.io_engine) as engine:
             self.engine_name = engine.name
-            self.cache = CacheManager(config.resolved_cache_dir(), engine, self.journal,
-                                      self.store, self.parts, self.metrics,
-                                      max_dirty=config.max_dirty, cache_size=config.cache_size,
-                                      read_ahead=config.read_ahead,
-                                      open_files=cache_fd_budget(),
-                                      on_uploaded=self.dirs.uploaded,
-                                      hooks=config.test_hooks)
-            dir_attrs = await open_dir_attrs(self.store, self.journal, self.index_writer)
             renames_to_commit = (RenameCommits(self, config.commit_on_rename)
                                  if config.commit_on_rename else None)
-            self.late_writes = LateWrites(self.store, self.journal, self.metrics,
-                                          self.index_writer, made_here=self._made_here)
-            self.names = names = NameLog(self.store, self.journal, self.metrics,
-                                         dir_attrs=dir_attrs,
-                                         rebase=lambda src, dst, etags: ns.rebase(src, dst, etags),
-                                         on_record=None if renames_to_commit is None
-                                         else renames_to_commit.noticed,
-                                         late=self.late_writes,
-                                         hold_after_copy=config.test_hooks.hold_move_after_copy)
-            replayed = await names.load()
-            if replayed:
-                log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
-            self.ns = ns = Namespace(self.store, self.cache, config.prefix,
-                                     config.metadata_ttl, (os.getuid(), os.getgid()),
-                                     index_writer=self.index_writer, dir_attrs=dir_attrs,
-                                     names=names, kernel=self.invalidations)
-            self.index = index = ns.index
-            self.flusher = Flusher(self.cache, config.upload_concurrency,
-                                   commit_delay=config.commit_delay,
-                                   on_committed=lambda cf: ns.index_changed(
-                                       parent_dir_key(config.prefix, cf.key)),
-                                   gate=names, writer=self.index_writer)
+            self.core = core = await assemble(
+                config, engine, self.store, self.journal, self.metrics,
+                writer=self.index_writer, open_files=cache_fd_budget(),
+                kernel=self.invalidations, on_uploaded=self.dirs.uploaded,
+                on_record=None if renames_to_commit is None else renames_to_commit.noticed)
             self.orphan_uploader = OrphanUploader(self.store, self.parts, config.prefix,
-                                                  self.flusher.checksums)
-            self.fs = FileSystem(self.ns, self.cache, self.flusher, names,
-                                 read_only=config.read_only,
-                                 fsync_remote=config.fsync_mode == "remote",
-                                 hold_temporaries=config.hold_temporaries)
+                                                  core.flusher.checksums)
             async with trio.open_nursery() as nursery:
-                await nursery.start(self.cache.run)
-                await nursery.start(self.flusher.run)
-                await nursery.start(index.run)
-                await self.cache.load_warm()
-                files, _ = await recover(self.cache)
-                for cf in files:
-                    self.ns.attach_path(cf.key[len(config.prefix):], cf)
-                    self.flusher.request_commit(cf)
-                # only now: the root's first listing (ns.run) meets the warm cache and the
-                # recovered files, and a replayed move rebases the recovered files it moves
-                await nursery.start(ns.run)
-                await nursery.start(self.late_writes.run)  # (before names: it feeds it)
-                await nursery.start(names.run)
+                await core.start(nursery)
                 socket_path = control_socket_path(config.mountpoint)  # before the mount exists
                 self.session = session = await self._open_session()
                 served = False  # to its end: the kernel let go, or a signal ended it
@@ -181,7 +127,7 @@ class Daemon:
                     nursery.start_soon(resume_pending_commits, self)  # a crash left them
                     if not config.read_only:
                         nursery.start_soon(probe_endpoint, self.plain_store, config.prefix,
-                                           self.flusher.checksums)
+                                           self.core.flusher.checksums)
                     if renames_to_commit is not None:
                         nursery.start_soon(renames_to_commit.run)
                     log.info("mounted s3://%s/%s at %s (io engine: %s, FUSE session: %s)",
@@ -202,28 +148,22 @@ class Daemon:
                 log.info("unmounted %s", config.mountpoint)
                 sdnotify.notify(STOPPING=1, STATUS="unmounted; committing what is left to S3")
                 await self._final_flush()
-                await index.write_changed(INDEX_WRITE_TIMEOUT)
-                await self.cache.settle_all()
+                await self.core.ns.index.write_changed(INDEX_WRITE_TIMEOUT)
+                cache = core.cache
+                await cache.settle_all()
                 await self.journal.write_notes()
-                await self.cache.warm.sweep(self.cache.data_dir, {  # (by fid: all have one)
-                    fid for fid, cf in self.cache.files.items() if cf.openers})
+                await cache.warm.sweep(cache.data_dir, {  # (by fid: all have one)
+                    fid for fid, cf in cache.files.items() if cf.openers})
                 nursery.cancel_scope.cancel()
-
-    def _made_here(self, key: str) -> bool:
-        """This mount has a file of its own at `key`: made or written since it started, or
-        a pending change makes it."""
-        cf = self.ns.file_by_key(key)
-        return self.names.creating(key) or cf is not None and (
-            cf.in_journal or cf.committed_version >= 0)
 
     async def _open_session(self) -> NativeSession | Pyfuse3Session:
         """Mount with the session asked for; `auto` takes the native one where it can
         start (root, a working /dev/fuse) and says why not otherwise."""
         config = self.config
         if config.fuse_session != "pyfuse3":
-            native = NativeSession(KernelOps(self.fs), config.mountpoint,
+            native = NativeSession(KernelOps(self.core.fs), config.mountpoint,
                                    allow_other=config.allow_other, read_only=config.read_only,
-                                   probe_dir=self.cache.data_dir)
+                                   probe_dir=self.core.cache.data_dir)
             try:
                 await native.mount()
                 return native
@@ -231,7 +171,7 @@ class Daemon:
                 if config.fuse_session == "native":
                     raise StartupError(f"native FUSE session: {exc}") from None
                 log.info("FUSE session: pyfuse3, as the native session cannot start: %s", exc)
-        session = Pyfuse3Session(self.fs, str(config.mountpoint),
+        session = Pyfuse3Session(self.core.fs, str(config.mountpoint),
                                  allow_other=config.allow_other, read_only=config.read_only)
         await session.mount()
         return session
@@ -256,15 +196,15 @@ class Daemon:
         """After the kernel let go: commit what is left unless told not to wait. The
         daemon's exit is what tells that the data is in S3 (README), so an S3 that keeps
         failing is waited for; a second SIGTERM or SIGINT ends the wait (`_signals`)."""
-        pending = self.fs.pending_files(None)
-        if not (pending or self.names.ops) or not self.flush_on_exit:
+        pending = self.core.fs.pending_files(None)
+        if not (pending or self.core.names.ops) or not self.flush_on_exit:
             return
         log.info("committing %d file(s) and %d namespace change(s) before exit",
-                 len(pending), len(self.names.ops))
+                 len(pending), len(self.core.names.ops))
         warned = False
         while True:
             try:
-                await self.fs.flush_files(pending)
+                await self.core.fs.flush_files(pending)
                 return
             except FlushFailed as exc:
                 if not warned:
@@ -277,7 +217,7 @@ class Daemon:
                           "directory uploads the rest", exc)
                 self.exit_status = 1
                 return
-            pending = self.fs.pending_files(None)
+            pending = self.core.fs.pending_files(None)
 
     async def _signals(self, everything: trio.CancelScope) -> None:
         """The first SIGTERM or SIGINT unmounts, and the daemon uploads what is left
@@ -293,11 +233,11 @@ class Daemon:
                         log.info("signal %d: unmounting", signum)
                         self.session.terminate()
                     continue
-                pending = self.fs.pending_files(None)
+                pending = self.core.fs.pending_files(None)
                 log.warning("signal %d again: exiting without waiting for S3; %d file(s) "
                             "and %d namespace change(s) not yet there are safe in the "
                             "journal; the next mount with this cache directory uploads "
-                            "them", signum, len(pending), len(self.names.ops))
+                            "them", signum, len(pending), len(self.core.names.ops))
                 self.flush_on_exit = False
                 self.exit_status = 1
                 everything.cancel()
@@ -307,8 +247,8 @@ class Daemon:
     # -- control socket -----------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
-        cache = self.cache
-        pending = self.fs.pending_files(None)
+        cache = self.core.cache
+        pending = self.core.fs.pending_files(None)
         return {
             "mountpoint": str(self.config.mountpoint),
             "bucket": self.config.bucket,
@@ -338,11 +278,11 @@ class Daemon:
             # a file's upload failing, a namespace change failing, else any S3 request
             # failing now (a lookup's, ...)
             "last_error": next((cf.errors.last for cf in pending if cf.errors.streak),
-                               self.names.status()["name_changes_error"])
+                               self.core.names.status()["name_changes_error"])
             or self.s3_stats.current_error(),
             **self._s3_under_way(),
-            **self.flusher.status(),
-            **self.names.status(),
+            **self.core.flusher.status(),
+            **self.core.names.status(),
             "metrics_addr": self.metrics_addr,
             "s3_requests": self.s3_stats.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,
@@ -373,7 +313,7 @@ class Daemon:
 
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
-        files = self.fs.pending_files(path)
+        files = self.core.fs.pending_files(path)
         started = time.monotonic()
 
         async def report(p: Any) -> None:
@@ -383,15 +323,15 @@ class Daemon:
                             or self.s3_stats.current_error(since=started),
                             "waiting_on": self.s3_stats.waiting_on()})
 
-        await self.fs.flush_files(files, on_progress=report, path=path)
-        await self.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
+        await self.core.fs.flush_files(files, on_progress=report, path=path)
+        await self.core.ns.index.write_changed(INDEX_WRITE_TIMEOUT)  # other mounts: no HEADs
         return {"files": len(files), "seconds": round(time.monotonic() - started, 3)}
 
     async def warmup(self, path: str | None,
                      progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            files, local = await self.fs.remote_files_at(path)
+            files, local = await self.core.fs.remote_files_at(path)
         except FSError as exc:
             raise ValueError(str(exc)) from None
 
@@ -400,7 +340,7 @@ class Daemon:
                             "waiting_on": self.s3_stats.waiting_on()})
 
         try:
-            done = await warm_up(self.cache, files, report)
+            done = await warm_up(self.core.cache, files, report)
         except (ObjectStoreError, OSError) as exc:  # S3 after its retries, the cache disk
             log.warning("warm-up of /%s stopped: %s", path or "", exc)
             raise ValueError(f"{exc} (what was fetched stays cached)") from exc
@@ -416,7 +356,7 @@ class Daemon:
                       progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
         """List the orphaned cache files (D20), or upload them under `to` (a directory
         of the mount) and remove each one S3 confirms, unless `keep`."""
-        directory = orphans_dir(self.cache.data_dir.parent)
+        directory = orphans_dir(self.core.cache.data_dir.parent)
         found = await trio.to_thread.run_sync(list_orphans, directory)
         result: dict[str, Any] = {"dir": str(directory),
                                   "orphans": [o.describe() for o in found]}

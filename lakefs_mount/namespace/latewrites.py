@@ -40,13 +40,14 @@ LOOKS_AT_ONCE = 4  # HEADs in flight for all the watches (an rmtree after a cras
 
 class LateWrites:
     def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics,
-                 writer: str, *, made_here: Callable[[str], bool]) -> None:
+                 writer: str) -> None:
         self.store = store
         self.journal = journal
         self.metrics = metrics
         self.writer = writer  # this cache's name in its objects' META_WRITER
-        # the mount has a file of its own at the key (created or written since it started)
-        self.made_here = made_here
+        # the mount has a file of its own at the key (created or written since it started);
+        # set by the assembly once the namespace exists
+        self.made_here: Callable[[str], bool] = lambda key: True
         self._nursery: trio.Nursery | None = None
         self._looks = trio.CapacityLimiter(LOOKS_AT_ONCE)
 

@@ -90,7 +90,6 @@ class NameLog:
 
     def __init__(self, store: AsyncStore, journal: AsyncJournal, metrics: m.Metrics, *,
                  dir_attrs: DirAttrs | None,
-                 rebase: Callable[[str, str, dict[str, str]], None],
                  on_record: Callable[[str, str, str | None], None] | None = None,
                  late: LateWrites | None = None, hold_after_copy: bool = False) -> None:
         """`hold_after_copy`: a test hook (HooksForTests.hold_move_after_copy)."""
@@ -102,8 +101,9 @@ class NameLog:
         # A move's copy is in S3: files whose unchanged bytes were at `src` now find them
         # at `dst` (their journal rows change in the same transaction as the step), whose
         # ETag the copy gave (a copy of a multipart object gets a new one: a listing must
-        # not take it for a change made elsewhere).
-        self.rebase = rebase
+        # not take it for a change made elsewhere). Set by the assembly once the namespace
+        # exists.
+        self.rebase: Callable[[str, str, dict[str, str]], None] = lambda src, dst, etags: None
         self.ops: list[NameOp] = []  # pending, in the order they were made
         self._creating: Counter[str] = Counter()  # keys a pending op makes (dir, move dst)
         self._removing: Counter[str] = Counter()  # keys a pending op removes

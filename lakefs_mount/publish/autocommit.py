@@ -62,5 +62,5 @@ class RenameCommits:
         after it is recorded), so that the commit's flush finds them there."""
         with trio.move_on_after(SETTLE_MAX):
             while any(cf.key.startswith(src) and cf.pending
-                      for cf in list(self.daemon.cache.files.values())):
+                      for cf in list(self.daemon.core.cache.files.values())):
                 await trio.sleep(SETTLE_POLL)

@@ -26,12 +26,10 @@ import trio
 
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.journal import Journal
-from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.config import MountConfig, mount_id
+from lakefs_mount.fs.assembly import MountCore
 from lakefs_mount.namespace.invalidations import Invalidations
-from lakefs_mount.namespace.namespace import Namespace
 from lakefs_mount.ops.dirprogress import CommitUnderWay, DirProgress
 from lakefs_mount.publish.manifest import MANIFEST_NAME, Entry, build, encode_crc
 from lakefs_mount.publish.objecthash import ObjectHasher
@@ -57,9 +55,7 @@ class CommittingMount(Protocol):
     config: MountConfig
     store: AsyncStore
     journal: AsyncJournal
-    cache: CacheManager
-    flusher: Flusher
-    ns: Namespace
+    core: MountCore
     invalidations: Invalidations  # (the kernel is told of the manifest at once)
     dirs: DirProgress  # (status shows each commit's stage)
     index_writer: str  # this cache's id, named in the manifest
@@ -105,7 +101,7 @@ class Publisher:
     def __init__(self, daemon: CommittingMount) -> None:
         self.daemon = daemon
         self.store = daemon.store
-        self.cache = daemon.cache
+        self.cache = daemon.core.cache
 
     async def commit(self, path: str, expect: Expectation, timeout: float | None,
                      progress: Progress) -> dict[str, Any]:
@@ -135,7 +131,7 @@ class Publisher:
         key = prefix + MANIFEST_NAME
         now_ns = time.time_ns()
         meta = encode_attrs(stat.S_IFREG | 0o644, os.getuid(), os.getgid(), now_ns)
-        crc = self.daemon.flusher.checksums.crc_of(body)  # (S3 refuses it damaged: sent again)
+        crc = self.daemon.core.flusher.checksums.crc_of(body)  # (S3 refuses it damaged: sent again)
         etag = await self.store.retrying(f"PUT {key}", self.store.sync.put, key, body, meta,
                                          crc, max_attempts=MANIFEST_PUT_ATTEMPTS)
         self._show_manifest(prefix)
@@ -150,7 +146,7 @@ class Publisher:
         """This mount shows the manifest it wrote at once, not after --metadata-ttl (as
         other mounts do): its listing of the directory counts as expired, and the kernel
         forgets the name if it had cached it as absent."""
-        ns = self.daemon.ns
+        ns = self.daemon.core.ns
         directory = ns.dir_by_key(prefix)
         if directory is None:
             return

@@ -203,7 +203,7 @@ def test_python_api_flushes_commits_and_reports_status(mount, s3, tmp_path):
     assert s3.head("api/w.bin").size == 4096
     result = lakefs_mount.commit(str(mount.path / "api"), expect_files=1, timeout=30)
     assert result["files"] == 1 and result["manifest"] == "api/" + MANIFEST_NAME
-    assert lakefs_mount.publish.verify(mount.path / "api")["ok"] is True
+    assert lakefs_mount.verify(mount.path / "api")["ok"] is True
     assert lakefs_mount.status(mount.path)["pid"] == mount.pid
     from lakefs_mount.api import locate
 

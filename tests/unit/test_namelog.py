@@ -23,8 +23,8 @@ def make_log(tmp_path: Path, store: MemoryObjectStore
              ) -> tuple[NameLog, list[tuple[str, str, list[str]]]]:
     rebased: list[tuple[str, str, list[str]]] = []
     names = NameLog(AsyncStore(store, m.Metrics()), AsyncJournal(Journal(tmp_path / "j.db")),
-                    m.Metrics(), dir_attrs=None,
-                    rebase=lambda src, dst, etags: rebased.append((src, dst, sorted(etags))))
+                    m.Metrics(), dir_attrs=None)
+    names.rebase = lambda src, dst, etags: rebased.append((src, dst, sorted(etags)))
     return names, rebased
 
 
