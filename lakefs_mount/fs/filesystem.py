@@ -6,8 +6,9 @@ pyfuse3) are thin adapters over this class, and tests may drive it directly. Err
 (mkdir, rmdir, unlink, renames, a directory's attributes) are journaled and written back
 to S3 in the background (namelog, renames).
 
-Layers: inodes.py (inodes by number, attributes, handles, checks of new names),
-names.py (directories and names of files), this module (open files, flush, status).
+Parts, held by composition: `Inodes` (inodes.py: inodes by number, attributes, handles,
+checks of new names), `Names` (names.py: directories and names of files); this module
+holds the open files, flush and status, and hands the rest to its parts.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.cachefile import CachedFile
+from lakefs_mount.cache.flusher import Flusher
+from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.filespan import FileSpan, SendSpan
 from lakefs_mount.fs.errors import FSError, s3_errors
-from lakefs_mount.fs.inodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle
-from lakefs_mount.fs.names import NameOps
+from lakefs_mount.fs.inodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle, Inodes
+from lakefs_mount.fs.names import Names
 from lakefs_mount.namespace.inode import ROOT_INO, Kind
-from lakefs_mount.namespace.namespace import SMALL_OBJECT_MAX
+from lakefs_mount.namespace.namelog import NameLog
+from lakefs_mount.namespace.namespace import SMALL_OBJECT_MAX, Namespace
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
 
 __all__ = ["ATTR_TIMEOUT", "BLKSIZE", "Attr", "FileSystem"]  # (what the sessions use)
@@ -36,27 +40,96 @@ __all__ = ["ATTR_TIMEOUT", "BLKSIZE", "Attr", "FileSystem"]  # (what the session
 log = logging.getLogger(__name__)
 
 
-class FileSystem(NameOps):
+class FileSystem:
+    """The POSIX core the FUSE sessions call: open files here; inodes and attributes in
+    `Inodes`, directories and names in `Names`, both of which it holds."""
+
+    def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, names: NameLog,
+                 *, read_only: bool = False, fsync_remote: bool = False,
+                 hold_temporaries: float = 0.0) -> None:
+        self.inodes = Inodes(ns, cache, flusher, names, read_only=read_only)
+        self.dirs = Names(self.inodes)
+        self.ns, self.cache, self.flusher, self.names = ns, cache, flusher, names
+        self.fsync_remote = fsync_remote
+        self.hold_temporaries = hold_temporaries  # seconds (UploadDemand.hold)
+
+    # -- inodes and attributes (Inodes) ------------------------------------------------
+
+    async def lookup(self, parent_ino: int, name: str) -> Attr:
+        return await self.inodes.lookup(parent_ino, name)
+
+    def forget(self, ino: int, count: int) -> None:
+        self.inodes.forget(ino, count)
+
+    async def getattr(self, ino: int) -> Attr:
+        return await self.inodes.getattr(ino)
+
+    async def setattr(self, ino: int, *, size: int | None = None, mode: int | None = None,
+                      uid: int | None = None, gid: int | None = None,
+                      mtime_ns: int | None = None) -> Attr:
+        return await self.inodes.setattr(ino, size=size, mode=mode, uid=uid, gid=gid,
+                                         mtime_ns=mtime_ns)
+
+    # -- directories and names (Names) ------------------------------------------------
+
+    async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
+        return await self.dirs.mkdir(parent_ino, name, mode, uid, gid)
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        await self.dirs.rmdir(parent_ino, name)
+
+    async def opendir(self, ino: int) -> int:
+        return await self.dirs.opendir(ino)
+
+    def readdir(self, fh: int, start: int) -> Iterator[tuple[str, Attr, int]]:
+        return self.dirs.readdir(fh, start)
+
+    def note_lookup(self, ino: int) -> None:
+        self.dirs.note_lookup(ino)
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.releasedir(fh)
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        await self.dirs.unlink(parent_ino, name)
+
+    async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
+        return await self.dirs.symlink(parent_ino, name, target, uid, gid)
+
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
+                    gid: int) -> Attr:
+        return await self.dirs.mknod(parent_ino, name, mode, rdev, uid, gid)
+
+    async def readlink(self, ino: int) -> str:
+        return await self.dirs.readlink(ino)
+
+    async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,
+                     flags: int) -> None:
+        await self.dirs.rename(parent_old, name_old, parent_new, name_new, flags)
+
+    async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
+        return await self.dirs.link(ino, parent_ino, name)
+
     # -- open files -------------------------------------------------------------------
 
     async def open(self, ino: int, flags: int) -> int:
-        inode = self._inode(ino)
-        await self.getattr(ino)
+        inode = self.inodes.inode(ino)
+        await self.inodes.getattr(ino)
         if inode.is_dir:
             raise FSError(errno.EISDIR)
         cf = inode.file
         assert cf is not None
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable:
-            self._writable_fs()
-        await self._revalidate(inode)
+            self.inodes.writable_fs()
+        await self.inodes.revalidate(inode)
         keep = cf.page_cache_etag is not None and cf.page_cache_etag == cf.base.etag
         cf.page_cache_etag = cf.base.etag
         cf.openers += 1
         if writable:
             cf.writers += 1
-        fh = self._new_fh()
-        self._handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
+        fh = self.inodes.new_fh()
+        self.inodes.handles[fh] = Handle(inode, writable, bool(flags & os.O_APPEND), keep)
         if writable and flags & os.O_TRUNC and cf.size:
             if cf.pt.writers:
                 await self.cache.passthrough.sync(cf)
@@ -67,7 +140,7 @@ class FileSystem(NameOps):
         """A new descriptor of the open file's cache file if the kernel may serve this open
         from it (FUSE passthrough), else None; the caller registers it with the kernel and
         closes it. Only a session that can do passthrough asks."""
-        handle = self._handle(fh)
+        handle = self.inodes.handle(fh)
         cf = handle.inode.file
         if cf is None or handle.inode.kind is not Kind.FILE:
             return None
@@ -80,19 +153,19 @@ class FileSystem(NameOps):
 
     async def end_passthrough(self, fh: int) -> None:
         """The kernel would not take the cache file: this open goes through the daemon."""
-        handle = self._handle(fh)
+        handle = self.inodes.handle(fh)
         if handle.passthrough and handle.inode.file is not None:
             handle.passthrough = False
             await self.cache.passthrough.leave(handle.inode.file, handle.writable)
 
     def keep_cache(self, fh: int) -> bool:
-        return self._handle(fh).keep_cache
+        return self.inodes.handle(fh).keep_cache
 
     async def page_cache_fill(self, fh: int) -> bytes | memoryview | None:
         """The bytes of a small file opened for reading whose every byte is cached here,
         for the FUSE layer to put in the kernel's page cache with the open: the first read
         then needs no request. None when the kernel must ask."""
-        handle = self._handle(fh)
+        handle = self.inodes.handle(fh)
         cf = handle.inode.file
         if (handle.writable or handle.keep_cache or cf is None or cf.pending or cf.writers
                 or not 0 < cf.size <= SMALL_OBJECT_MAX or not self.cache.holds(cf, 0, cf.size)):
@@ -103,14 +176,14 @@ class FileSystem(NameOps):
             return None
 
     def page_cache_filled(self, fh: int) -> None:
-        self._handle(fh).keep_cache = True
+        self.inodes.handle(fh).keep_cache = True
         self.cache.metrics[m.PAGE_CACHE_FILLS] += 1
 
     async def create(self, parent_ino: int, name: str, mode: int, flags: int, uid: int,
                      gid: int, passthrough: bool = False) -> tuple[int, Attr]:
         """`passthrough`: the session asks right after for the new open to be served in
         passthrough (`FileSystem.passthrough`)."""
-        parent = await self._new_name(parent_ino, name)
+        parent = await self.inodes.new_name(parent_ino, name)
         cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
                         mode=stat.S_IFREG | (mode & 0o7777), uid=uid, gid=gid,
                         mtime_ns=time.time_ns())
@@ -123,14 +196,14 @@ class FileSystem(NameOps):
         parent.dir_mtime_ns = cf.mtime_ns
         cf.openers += 1
         cf.writers += 1
-        fh = self._new_fh()
-        self._handles[fh] = Handle(inode, True, bool(flags & os.O_APPEND))
-        return fh, self.attr(inode)
+        fh = self.inodes.new_fh()
+        self.inodes.handles[fh] = Handle(inode, True, bool(flags & os.O_APPEND))
+        return fh, self.inodes.attr(inode)
 
     async def read(self, fh: int, offset: int, size: int,
                    send: SendSpan | None = None) -> bytes | memoryview:
         """The bytes to reply with; or, through `send` (see `Reader.read_lent`), none."""
-        cf = self._handle(fh).inode.file
+        cf = self.inodes.handle(fh).inode.file
         assert cf is not None
         metrics = self.cache.metrics
         metrics[m.READ_REQUESTS] += 1
@@ -145,7 +218,7 @@ class FileSystem(NameOps):
             return await self.cache.read_lent(cf, offset, size, counted)
 
     async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
-        handle = self._handle(fh)
+        handle = self.inodes.handle(fh)
         if not handle.writable:
             raise FSError(errno.EBADF)
         cf = handle.inode.file
@@ -161,15 +234,15 @@ class FileSystem(NameOps):
             return await self.cache.write(cf, offset, data)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        cf = self._handle(fh).inode.file
+        cf = self.inodes.handle(fh).inode.file
         assert cf is not None
         with trio.CancelScope(shield=True):  # an interrupt stops only the wait for S3
             await self.cache.fsync(cf, datasync)
         if self.fsync_remote:  # (its name's changes first: the commit waits for them)
-            await self.flush_files([cf], path=self.ns.path_of(self._handle(fh).inode))
+            await self.flush_files([cf], path=self.ns.path_of(self.inodes.handle(fh).inode))
 
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
+        handle = self.inodes.handles.pop(fh, None)
         if handle is None:
             return
         cf = handle.inode.file
@@ -210,7 +283,7 @@ class FileSystem(NameOps):
         for name in (path or "").strip("/").split("/"):
             if name in ("", "."):
                 continue
-            child = await self._child(node, name)
+            child = await self.inodes.child(node, name)
             if child is None:
                 raise FSError(errno.ENOENT, f"{path}: no such file or directory")
             node = child
@@ -232,7 +305,7 @@ class FileSystem(NameOps):
                 local += 1
                 continue
             try:
-                await self._revalidate(inode)
+                await self.inodes.revalidate(inode)
             except FSError as exc:
                 if exc.errno != errno.ENOENT:
                     raise

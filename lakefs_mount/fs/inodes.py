@@ -1,5 +1,6 @@
-"""The filesystem core's base: inodes by number, their attributes, file handles, and
-the checks a new name passes; FileSystem (filesystem.py) builds the POSIX operations on it."""
+"""The filesystem core's shared part: inodes by number, their attributes, file handles,
+and the checks a new name passes. `Names` (names.py) and `FileSystem` (filesystem.py, the
+open files) hold it."""
 
 from __future__ import annotations
 
@@ -54,20 +55,19 @@ class Handle:
     passthrough: bool = False  # the kernel serves it from the cache file (see passthrough)
 
 
-class InodeOps:
+class Inodes:
+    """Inodes by number, their attributes, open handles, and the checks a new name passes:
+    what the name and open-file operations share."""
+
     def __init__(self, ns: Namespace, cache: CacheManager, flusher: Flusher, names: NameLog,
-                 *, read_only: bool = False, fsync_remote: bool = False,
-                 hold_temporaries: float = 0.0) -> None:
+                 *, read_only: bool = False) -> None:
         self.ns = ns
         self.names = names
         self.cache = cache
         self.flusher = flusher
         self.store = cache.store
         self.read_only = read_only
-        self.fsync_remote = fsync_remote
-        self.hold_temporaries = hold_temporaries  # seconds (UploadDemand.hold)
-        self._handles: dict[int, Handle] = {}
-        self._dir_handles: dict[int, list[tuple[str, int]]] = {}
+        self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self.renames = Renames(ns, cache, flusher, names)
 
@@ -83,17 +83,17 @@ class InodeOps:
                     ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512,
                     rdev=inode.file.rdev if inode.file is not None else 0)
 
-    def _inode(self, ino: int) -> Inode:
+    def inode(self, ino: int) -> Inode:
         try:
             return self.ns.get(ino)
         except KeyError:
             raise FSError(errno.ENOENT) from None
 
-    def _writable_fs(self) -> None:
+    def writable_fs(self) -> None:
         if self.read_only:
             raise FSError(errno.EROFS)
 
-    async def _child(self, parent: Inode, name: str, with_body: bool = False) -> Inode | None:
+    async def child(self, parent: Inode, name: str, with_body: bool = False) -> Inode | None:
         if not parent.is_dir:
             raise FSError(errno.ENOTDIR)
         if len(os.fsencode(name)) > 255:
@@ -110,13 +110,13 @@ class InodeOps:
         return child
 
     async def lookup(self, parent_ino: int, name: str) -> Attr:
-        parent = self._inode(parent_ino)
+        parent = self.inode(parent_ino)
         if name == ".":
             child: Inode | None = parent
         elif name == "..":
             child = self.ns.get(parent.parent)
         else:
-            child = await self._child(parent, name, with_body=True)  # usually opened next
+            child = await self.child(parent, name, with_body=True)  # usually opened next
         if child is None:
             raise FSError(errno.ENOENT)
         child.lookups += 1
@@ -126,7 +126,7 @@ class InodeOps:
         self.ns.forget(ino, count)
 
     async def getattr(self, ino: int) -> Attr:
-        inode = self._inode(ino)
+        inode = self.inode(ino)
         if not inode.headed:
             async with s3_errors(f"HEAD {self.ns.key_of(inode)}"):
                 await self.ns.ensure_headed(inode)
@@ -135,15 +135,15 @@ class InodeOps:
     async def setattr(self, ino: int, *, size: int | None = None, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None,
                       mtime_ns: int | None = None) -> Attr:
-        self._writable_fs()
-        inode = self._inode(ino)
+        self.writable_fs()
+        inode = self.inode(ino)
         await self.getattr(ino)
         if mode is not None:
             mode = (inode.mode & ~0o7777) | (mode & 0o7777)
         if inode.file is None:  # a directory: its marker (or sidecar key) keeps them
             inode.set_attrs(mode, uid, gid, mtime_ns)
             if inode.ino != ROOT_INO:
-                await self._save_dir_attrs(inode, replace=True)
+                await self.save_dir_attrs(inode, replace=True)
             return self.attr(inode)
         cf = inode.file
         if size is not None and inode.kind is not Kind.FILE:
@@ -166,7 +166,7 @@ class InodeOps:
 
     # -- new names and handles --------------------------------------------------------
 
-    async def _save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
+    async def save_dir_attrs(self, inode: Inode, *, replace: bool) -> None:
         """The directory's marker with its attributes, written back (namelog): where the
         store drops a marker's metadata, the sidecar key (dirattrs) goes first, so a
         directory never shows up in S3 before its attributes do, and no mount ever serves
@@ -174,16 +174,16 @@ class InodeOps:
         await self.names.record(DIR, self.ns.key_of(inode),
                                 arg=dir_arg(dir_stat(inode), replace=replace))
 
-    async def _new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
+    async def new_name(self, parent_ino: int, name: str, is_dir: bool = False) -> Inode:
         """The parent of a name about to be created; EEXIST if it is taken."""
-        self._writable_fs()
-        parent = self._inode(parent_ino)
-        self._check_new_name(parent, name, is_dir)
-        if await self._child(parent, name) is not None:
+        self.writable_fs()
+        parent = self.inode(parent_ino)
+        self.check_new_name(parent, name, is_dir)
+        if await self.child(parent, name) is not None:
             raise FSError(errno.EEXIST)
         return parent
 
-    def _check_new_name(self, parent: Inode, name: str, is_dir: bool,
+    def check_new_name(self, parent: Inode, name: str, is_dir: bool,
                         invalid: int | None = None) -> None:
         """A name about to appear in `parent`: not lakefs-mount's own, a name POSIX can
         show (else `invalid`, by default ENAMETOOLONG or EINVAL), and one S3 can store."""
@@ -196,18 +196,18 @@ class InodeOps:
         else:
             check_key(self.ns.key_of(parent) + name)
 
-    def _new_fh(self) -> int:
+    def new_fh(self) -> int:
         fh = self._next_fh
         self._next_fh += 1
         return fh
 
-    def _handle(self, fh: int) -> Handle:
+    def handle(self, fh: int) -> Handle:
         try:
-            return self._handles[fh]
+            return self.handles[fh]
         except KeyError:
             raise FSError(errno.EBADF) from None
 
-    async def _revalidate(self, inode: Inode) -> None:
+    async def revalidate(self, inode: Inode) -> None:
         """Close-to-open: a first open after the TTL checks the ETag; a changed object
         drops the cached chunks of the old version. While S3 is unreachable or slow (no
         answer within a lookup's patience) the open goes on with the version last seen

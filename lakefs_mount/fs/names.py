@@ -16,7 +16,7 @@ import trio
 
 from lakefs_mount.cache.cachefile import CachedFile
 from lakefs_mount.fs.errors import FSError, s3_errors
-from lakefs_mount.fs.inodes import RENAME_NOREPLACE, Attr, InodeOps
+from lakefs_mount.fs.inodes import RENAME_NOREPLACE, Attr, Inodes
 from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, kind_of
 from lakefs_mount.namespace.namelog import DELETE, RMDIR
 from lakefs_mount.s3.layout import SPECIAL_TYPES
@@ -24,28 +24,36 @@ from lakefs_mount.s3.layout import SPECIAL_TYPES
 log = logging.getLogger(__name__)
 
 
-class NameOps(InodeOps):
+class Names:
+    """Directories and names of files, over the inodes they share with open files."""
+
+    def __init__(self, inodes: Inodes) -> None:
+        self.inodes = inodes
+        self.ns, self.cache, self.flusher = inodes.ns, inodes.cache, inodes.flusher
+        self.names, self.store, self.renames = inodes.names, inodes.store, inodes.renames
+        self._dir_handles: dict[int, list[tuple[str, int]]] = {}
+
     # -- directories ------------------------------------------------------------------
 
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
-        parent = await self._new_name(parent_ino, name, is_dir=True)
+        parent = await self.inodes.new_name(parent_ino, name, is_dir=True)
         now = time.time_ns()
         inode = self.ns.add(parent, name, Kind.DIR, dir_mode=stat.S_IFDIR | (mode & 0o7777),
                             dir_uid=uid, dir_gid=gid, dir_mtime_ns=now)
         inode.listed_at = time.monotonic()  # a new directory is known to be empty
         try:
-            await self._save_dir_attrs(inode, replace=False)
+            await self.inodes.save_dir_attrs(inode, replace=False)
         except FSError:
             self.ns.detach(inode)
             raise
         parent.dir_mtime_ns = now
         inode.lookups += 1
-        return self.attr(inode)
+        return self.inodes.attr(inode)
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
-        self._writable_fs()
-        parent = self._inode(parent_ino)
-        inode = await self._child(parent, name)
+        self.inodes.writable_fs()
+        parent = self.inodes.inode(parent_ino)
+        inode = await self.inodes.child(parent, name)
         if inode is None:
             raise FSError(errno.ENOENT)
         if not inode.is_dir:
@@ -69,13 +77,13 @@ class NameOps(InodeOps):
         self.ns.detach(inode)
 
     async def opendir(self, ino: int) -> int:
-        inode = self._inode(ino)
+        inode = self.inodes.inode(ino)
         if not inode.is_dir:
             raise FSError(errno.ENOTDIR)
         async with s3_errors(f"listing {self.ns.key_of(inode)}"):
             await self.ns.ensure_listed(inode)
             await self.ns.ensure_children_headed(inode)
-        fh = self._new_fh()
+        fh = self.inodes.new_fh()
         self._dir_handles[fh] = list(inode.children.items())  # a snapshot, listing order
         return fh
 
@@ -88,7 +96,7 @@ class NameOps(InodeOps):
             name, ino = entries[i]
             inode = self.ns.inodes.get(ino)
             if inode is not None:
-                yield name, self.attr(inode), i + 1
+                yield name, self.inodes.attr(inode), i + 1
 
     def note_lookup(self, ino: int) -> None:
         """The kernel took a reference to an inode (readdirplus)."""
@@ -102,9 +110,9 @@ class NameOps(InodeOps):
     # -- names of files ---------------------------------------------------------------
 
     async def unlink(self, parent_ino: int, name: str) -> None:
-        self._writable_fs()
-        parent = self._inode(parent_ino)
-        inode = await self._child(parent, name)
+        self.inodes.writable_fs()
+        parent = self.inodes.inode(parent_ino)
+        inode = await self.inodes.child(parent, name)
         if inode is None:
             raise FSError(errno.ENOENT)
         if inode.is_dir:
@@ -182,7 +190,7 @@ class NameOps(InodeOps):
             kept.set()
 
     async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
-        parent = await self._new_name(parent_ino, name)
+        parent = await self.inodes.new_name(parent_ino, name)
         key = self.ns.key_of(parent) + name
         cf = CachedFile(key=key, size=0, mode=stat.S_IFLNK | 0o777, uid=uid, gid=gid,
                         mtime_ns=time.time_ns(), symlink=target)
@@ -191,7 +199,7 @@ class NameOps(InodeOps):
         inode.lookups += 1
         parent.dir_mtime_ns = cf.mtime_ns
         self.flusher.request_commit(cf, settle=True)
-        return self.attr(inode)
+        return self.inodes.attr(inode)
 
     async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
                     gid: int) -> Attr:
@@ -201,7 +209,7 @@ class NameOps(InodeOps):
         file_type = stat.S_IFMT(mode) or stat.S_IFREG
         if file_type not in SPECIAL_TYPES | {stat.S_IFREG}:
             raise FSError(errno.EPERM, f"mknod of file type {file_type:o}")
-        parent = await self._new_name(parent_ino, name)
+        parent = await self.inodes.new_name(parent_ino, name)
         device = file_type in (stat.S_IFCHR, stat.S_IFBLK)
         cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
                         mode=file_type | (mode & 0o7777), uid=uid, gid=gid,
@@ -211,11 +219,11 @@ class NameOps(InodeOps):
         inode.lookups += 1
         parent.dir_mtime_ns = cf.mtime_ns
         self.flusher.request_commit(cf, settle=True)
-        return self.attr(inode)
+        return self.inodes.attr(inode)
 
     async def readlink(self, ino: int) -> str:
-        inode = self._inode(ino)
-        await self.getattr(ino)
+        inode = self.inodes.inode(ino)
+        await self.inodes.getattr(ino)
         cf = inode.file
         if inode.kind is not Kind.SYMLINK or cf is None:
             raise FSError(errno.EINVAL)
@@ -228,17 +236,17 @@ class NameOps(InodeOps):
 
     async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,
                      flags: int) -> None:
-        self._writable_fs()
+        self.inodes.writable_fs()
         if flags & ~RENAME_NOREPLACE:  # RENAME_EXCHANGE, RENAME_WHITEOUT: no atomic way in S3
             raise FSError(errno.EINVAL, "only RENAME_NOREPLACE is supported")
-        src_parent, dst_parent = self._inode(parent_old), self._inode(parent_new)
-        inode = await self._child(src_parent, name_old)
+        src_parent, dst_parent = self.inodes.inode(parent_old), self.inodes.inode(parent_new)
+        inode = await self.inodes.child(src_parent, name_old)
         if inode is None:
             raise FSError(errno.ENOENT)
-        self._check_new_name(dst_parent, name_new, inode.is_dir, invalid=errno.EINVAL)
+        self.inodes.check_new_name(dst_parent, name_new, inode.is_dir, invalid=errno.EINVAL)
         if inode.is_dir and self._is_within(dst_parent, inode):
             raise FSError(errno.EINVAL)  # a directory cannot move into itself
-        target = await self._child(dst_parent, name_new)
+        target = await self.inodes.child(dst_parent, name_new)
         if target is inode:
             return
         if target is not None:
