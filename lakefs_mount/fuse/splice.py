@@ -43,5 +43,5 @@ def advice() -> str:
     """What an operator can do when `writes_can_splice` is False."""
     return (f"libfuse copies every write request twice: it may not size a pipe to "
             f"{PIPE_BYTES_NEEDED} bytes to splice them (`sysctl fs.pipe-max-size="
-            f"{PIPE_BYTES_NEEDED}`, or CAP_SYS_RESOURCE, saves ~15-20 % of the daemon's CPU "
-            f"while writing)")
+            f"{PIPE_BYTES_NEEDED}`, or CAP_SYS_RESOURCE, saves that copy of every byte "
+            f"written)")

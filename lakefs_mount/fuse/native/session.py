@@ -98,9 +98,9 @@ class NativeSession:
         if not device.privileged():
             self.max_read = min(self.max_write, USER_MAX_READ)
             log.info("FUSE session: native for uid %d without CAP_SYS_ADMIN (mounted through "
-                     "fusermount3, no passthrough); `auto` keeps it for a user's mount: as "
-                     "fast as pyfuse3 through the daemon (benchmarks/nonroot_session.py), and "
-                     "it answers interrupts", os.getuid())
+                     "fusermount3, no passthrough); `auto` keeps it for a user's mount: it "
+                     "serves writes through the daemon as pyfuse3 does, and it answers "
+                     "interrupts", os.getuid())
         self.spliced_replies, self.spliced_reads = SplicedReplies.open(self.max_read)
         if self.spliced_replies is None:
             log.info("read replies are copied, not spliced: %s", self.spliced_reads)
