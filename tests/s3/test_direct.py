@@ -5,30 +5,13 @@ Restores through a real mount read these paths end to end in tests/mount/test_re
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import os
 import random
-from pathlib import Path
 
 from lakefs_mount.cache.partbody import CachePartBody
 from tests.unit.test_cache import PART, core, run
+from tests.unit.test_direct import cached_pages
 
 MiB = 1 << 20
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def cached_pages(path: Path) -> int:
-    """How many pages of `path` the page cache holds (mincore of a private mapping)."""
-    size = path.stat().st_size
-    pages = -(-size // mmap.PAGESIZE)
-    vec = (ctypes.c_ubyte * pages)()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mm:
-        start = ctypes.c_char.from_buffer(mm)
-        rc = _libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), vec)
-        del start
-    assert rc == 0, os.strerror(ctypes.get_errno())
-    return sum(v & 1 for v in vec)
 
 
 def test_parts_go_from_the_cache_file_to_s3_in_pieces_skipping_the_page_cache(

@@ -1,8 +1,6 @@
-"""T1: the ObjectStore contract, against MemoryObjectStore and the real SeaweedFS store.
-
-Both implementations must pass the same spec so that unit tests of the core on the
-memory store say something about the real thing.
-"""
+"""The ObjectStore contract against the real SeaweedFS store: the tests of
+tests/unit/test_objectstore.py again, and what only a real server shows (escapes,
+throttling, endpoints that fail)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""T1: the ObjectStore contract, against MemoryObjectStore and the real SeaweedFS store.
-
-Both implementations must pass the same spec so that unit tests of the core on the
-memory store say something about the real thing.
-"""
+"""The ObjectStore contract against MemoryObjectStore; tests/s3/test_objectstore.py runs the
+same tests against the real SeaweedFS store, so that the memory store says something about
+the real thing."""
 
 from __future__ import annotations
 

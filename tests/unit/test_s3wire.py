@@ -1,9 +1,6 @@
-"""T1: s3/wire signs exactly as botocore does and keeps its connections alive safely.
-
-The signatures are compared with botocore's own `S3SigV4Auth` on the same request and
-clock; the connection pool runs against SeaweedFS, behind the fault proxy where a test
-needs connections to die or answers to stall.
-"""
+"""s3/wire signs exactly as botocore does: the signatures are compared with botocore's own
+`S3SigV4Auth` on the same request and clock. The connection pool against SeaweedFS:
+tests/s3/test_s3wire.py."""
 
 from __future__ import annotations
 
