@@ -59,7 +59,9 @@ if ! "$VENV/bin/mypy" -p lakefs_mount; then
     exit 1
 fi
 
-args=(-q -ra --timeout=600 "${paths[@]+"${paths[@]}"}" "${pytest_args[@]+"${pytest_args[@]}"}")
+# --durations: the slowest tests of every run, where the suite's time goes
+args=(-q -ra --timeout=600 --durations=25 "${paths[@]+"${paths[@]}"}"
+      "${pytest_args[@]+"${pytest_args[@]}"}")
 say "pytest ${args[*]}"
 started=$SECONDS
 rc=0

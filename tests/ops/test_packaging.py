@@ -128,7 +128,8 @@ def test_packaging_script_is_valid_bash(script):
 
 def test_test_script_treats_no_collected_tests_as_failure():
     text = (REPO / "packaging" / "test.sh").read_text()
-    assert '-m pytest -q -ra --timeout=600 tests' in text
+    assert '-m pytest "${args[@]}"' in text and "args=(-q -ra --timeout=600" in text
+    assert "paths=(tests)" in text  # the whole suite unless told a slice or --fast
     assert re.search(r"^\s*5\).*exit 1", text, re.MULTILINE)
 
 
