@@ -13,7 +13,9 @@ import trio
 
 from lakefs_mount.fs.errors import FSError
 from lakefs_mount.namespace.inode import ROOT_INO
+from lakefs_mount.s3.layout import decode_attrs
 from tests.fs.core import PREFIX, Core, filesystem
+from tests.memstore import MemoryObjectStore
 
 UID, GID = os.getuid(), os.getgid()
 W = os.O_WRONLY | os.O_CREAT
@@ -147,4 +149,84 @@ def test_an_unlinked_file_stays_readable_through_its_open_handle(tmp_path):
             await c.fs.release(fh)
             await c.settled()
             assert PREFIX + "open.bin" not in c.store.objects
+    trio.run(body)
+
+
+def test_objects_already_in_the_store_are_listed_looked_up_and_read(tmp_path):
+    async def body() -> None:
+        store = MemoryObjectStore()
+        store.put(PREFIX + "step_7/model.pt", b"from another node", {})
+        async with filesystem(tmp_path, store) as c:
+            step = await c.fs.lookup(ROOT_INO, "step_7")
+            assert stat.S_ISDIR(step.mode)
+            fh = await c.fs.opendir(step.ino)
+            assert [name for name, _, _ in c.fs.readdir(fh, 0)] == ["model.pt"]
+            c.fs.releasedir(fh)
+            model = await c.fs.lookup(step.ino, "model.pt")
+            assert await _read_file(c, model.ino) == b"from another node"
+            with pytest.raises(FSError) as full:
+                await c.fs.rmdir(ROOT_INO, "step_7")
+            assert _errno(full) == errno.ENOTEMPTY
+    trio.run(body)
+
+
+def test_mode_owner_and_mtime_travel_as_object_metadata(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            ino = await _write_file(c, ROOT_INO, "meta.bin", b"m")
+            await c.fs.setattr(ino, mode=0o600, uid=1234, gid=5678, mtime_ns=1_700_000_000 * 10**9)
+            await c.settled()
+            attrs = decode_attrs(c.store.objects[PREFIX + "meta.bin"].metadata)
+            assert (attrs.mode & 0o7777, attrs.uid, attrs.gid) == (0o600, 1234, 5678)
+            assert attrs.mtime_ns == 1_700_000_000 * 10**9
+    trio.run(body)
+
+
+def test_a_file_used_as_a_directory_is_enotdir_and_a_directory_opened_is_eisdir(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            f = await _write_file(c, ROOT_INO, "plain", b"p")
+            with pytest.raises(FSError) as notdir:
+                await c.fs.mkdir(f, "sub", 0o755, UID, GID)
+            assert _errno(notdir) == errno.ENOTDIR
+            d = await c.fs.mkdir(ROOT_INO, "dir", 0o755, UID, GID)
+            with pytest.raises(FSError) as isdir:
+                await c.fs.open(d.ino, os.O_RDONLY)
+            assert _errno(isdir) == errno.EISDIR
+    trio.run(body)
+
+
+def test_a_write_past_the_end_leaves_a_hole_of_zeros(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            fh, attr = await c.fs.create(ROOT_INO, "sparse", 0o644, W, UID, GID)
+            await c.fs.write(fh, 0, b"head")
+            await c.fs.write(fh, 1 << 20, b"tail")
+            await c.fs.release(fh)
+            data = await _read_file(c, attr.ino, 2 << 20)
+            assert data[:4] == b"head" and data[-4:] == b"tail" and len(data) == (1 << 20) + 4
+            assert data[4:1 << 20] == bytes((1 << 20) - 4)
+    trio.run(body)
+
+
+def test_rename_over_an_existing_file_replaces_it_in_the_store(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            await _write_file(c, ROOT_INO, "ckpt.tmp", b"new")
+            await _write_file(c, ROOT_INO, "ckpt", b"old")
+            await c.settled()
+            await c.fs.rename(ROOT_INO, "ckpt.tmp", ROOT_INO, "ckpt", 0)
+            await c.settled()
+            assert c.store.objects[PREFIX + "ckpt"].body == b"new"
+            assert PREFIX + "ckpt.tmp" not in c.store.objects
+    trio.run(body)
+
+
+def test_hard_links_are_refused_with_eperm(tmp_path):
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            ino = await _write_file(c, ROOT_INO, "a", b"a")
+            with pytest.raises(FSError) as refused:
+                await c.fs.link(ino, ROOT_INO, "b")
+            assert _errno(refused) == errno.EPERM
     trio.run(body)
