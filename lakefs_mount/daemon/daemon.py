@@ -1,4 +1,5 @@
-"""The mount daemon: wires store, journal, cache, flusher, FUSE and the control socket.
+"""The mount daemon: the assembled core (fs/assembly.py) served by a FUSE session, with the
+control socket, signals and the final flush around it.
 
 `run_mount` is called by the CLI in the (possibly daemonized) mount process. It reports
 readiness exactly once: None when the mount is usable, or a message saying why not.
