@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ALIGN = 4096  # offsets, lengths and memory of O_DIRECT I/O: the largest logical block size
 BUFFER_SIZE = 1024 * 1024  # = the largest FUSE read (and the GET's piece size)
-DIRECT_FLAGS = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
+DIRECT_FLAGS = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC | os.O_NOFOLLOW
 DIRECT_WRITE_MIN = 128 * 1024  # smaller writes (small files) stay in the page cache
 
 

@@ -27,7 +27,8 @@ from lakefs_mount.cache.direct import DirectOpener
 
 log = logging.getLogger(__name__)
 
-OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+# O_NOFOLLOW: a symlink planted in data/ is an error, never a file to read or write (D27)
+OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 class FdTable:
@@ -73,7 +74,8 @@ class FdTable:
         """A descriptor of `cf`'s cache file that the caller closes at once (the kernel keeps
         its own reference to a passthrough backing file): not kept, but on EMFILE the
         table gives up some of its own first."""
-        fd = self._open_retrying(cf, lambda: os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = self._open_retrying(cf, lambda: os.open(path, flags))
         assert fd is not None
         self._open -= 1
         return fd

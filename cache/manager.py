@@ -147,7 +147,7 @@ class CacheManager:
     # -- the warm cache a previous mount left ----------------------------------------
 
     async def load_warm(self) -> None:
-        await self.warm.load(self.data_dir)
+        self.metrics[m.CACHE_FILES_REFUSED] += await self.warm.load(self.data_dir)
 
     def adopt_warm(self, cf: CachedFile) -> None:
         """A file seen in S3: if a previous mount cached this very version, reuse it."""

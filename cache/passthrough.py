@@ -327,7 +327,7 @@ def _written_up_to(path: os.PathLike[str], size: int) -> int:
     still copying never count; XFS looks at the page cache there (at most the folio
     being copied, and a chunk goes only with a written byte after it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return size
     try:

@@ -83,7 +83,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     # Writes extend the cache file in step with the file but do not touch the journal row:
     # the larger of the two is the size the application last saw. The kernel's writes
     # (passthrough) give the cache file its mtime too, as they gave the file's.
-    st = cache.cachefiles.path(rec.fid).stat()
+    st = cache.cachefiles.path(rec.fid).lstat()  # (a regular file: WarmCache.load)
     size = max(rec.size, st.st_size)
     mtime_ns = max(rec.mtime_ns, st.st_mtime_ns) if rec.passthrough else rec.mtime_ns
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,

@@ -22,6 +22,7 @@ ERRORS = "errors"
 FILES_COMMITTED = "files_committed"
 ORPHAN_UPLOADS_ABORTED = "orphan_uploads_aborted"
 RECOVERED_FILES = "recovered_files"
+CACHE_FILES_REFUSED = "cache_files_refused"
 CACHE_EVICTIONS = "cache_evictions"
 WRITER_WAITS = "writer_waits"
 CACHE_FULL_WAITS = "cache_full_waits"
@@ -55,6 +56,9 @@ COUNTERS: dict[str, str] = {
     FILES_COMMITTED: "Files whose data was committed in S3.",
     ORPHAN_UPLOADS_ABORTED: "Multipart uploads of earlier runs aborted at recovery.",
     RECOVERED_FILES: "Files with dirty data found in the journal at mount.",
+    CACHE_FILES_REFUSED: "Entries of the cache's data/ that are not regular files of the "
+                         "daemon's user (a symlink, a device, another user's file), moved to "
+                         "refused/ at mount instead of read.",
     CACHE_EVICTIONS: "Clean chunks evicted from the cache.",
     WRITER_WAITS: "Writes that waited for --max-dirty backpressure.",
     CACHE_FULL_WAITS: "Cache-file writes that hit ENOSPC and made room.",

@@ -195,6 +195,31 @@ def test_a_damaged_journal_is_refused_and_nothing_is_deleted(mount_factory, faul
     assert after == data
 
 
+def test_a_symlink_planted_in_the_cache_is_refused_and_its_target_never_uploaded(
+        mount_factory, s3, fault_proxy, tmp_path):
+    """D27: after a crash, data/<fid> of one pending file is replaced by a symlink to a
+    file the mount must not publish. The next mount moves the link to refused/ unread,
+    says so (log, status), loses that one file as if its cache file were gone, and
+    uploads the others intact."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url)
+    bodies = crash_with_pending_files(m, fault_proxy)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"someone else's bytes " * 10_000)
+    victim = next(p for p in (m.cache_dir / "data").iterdir()
+                  if p.read_bytes()[:len(bodies[1])] == bodies[1])
+    victim.unlink()
+    victim.symlink_to(secret)
+    m.start()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert m.status()["counters"]["cache_files_refused"] == 1
+    assert "not regular files" in m.log_tail(200)
+    assert (m.cache_dir / "refused" / victim.name).is_symlink()
+    assert s3.get("ckpt/pending-0.bin")[1] == bodies[0]
+    assert s3.get("ckpt/pending-2.bin")[1] == bodies[2]
+    assert s3.head("ckpt/pending-1.bin") is None
+    assert not any(b"someone else's" in s3.get(o.key)[1] for o in s3.list_recursive(""))
+
+
 def _wait_exit(pid: int, timeout: float) -> float | None:
     """Seconds until `pid` is gone (a zombie counts as gone), None if it outlived `timeout`."""
     started = time.monotonic()

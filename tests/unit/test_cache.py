@@ -285,6 +285,42 @@ def test_recovery_rebuilds_pending_files_and_aborts_orphans(tmp_path):
     trio.run(remount)
 
 
+def test_a_symlink_planted_as_a_pending_cache_file_is_refused_not_followed(tmp_path):
+    """D27: between two mounts, data/<fid> of an acknowledged file became a symlink to
+    another file. Recovery reads nothing through it: the link goes to refused/, the file
+    counts as one whose cache file is gone, and the other file's bytes never reach S3."""
+    store = MemoryObjectStore()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the mount's to upload" * 1000)
+    (tmp_path / "c").mkdir()
+    fids: list[int] = []
+
+    async def crash() -> None:
+        async with core(tmp_path / "c", store, commit_delay=3600) as c:
+            cf = await c.write_file("pending.bin", b"acknowledged" * 1000)
+            assert cf.fid is not None
+            fids.append(cf.fid)
+
+    async def remount() -> None:
+        async with core(tmp_path / "c", store) as c:
+            await c.cache.load_warm()
+            files, report = await recover(c.cache)
+            assert files == [] and report.missing_cache_files == 1
+            assert c.cache.metrics[m.CACHE_FILES_REFUSED] == 1
+            assert c.journal.pending_files() == []
+            await c.flusher.flush([])
+
+    trio.run(crash)
+    data = tmp_path / "c" / "data" / str(fids[0])
+    data.unlink()
+    data.symlink_to(secret)
+    trio.run(remount)
+    assert all(b"not the mount's" not in o.body for o in store.objects.values())
+    refused = tmp_path / "c" / "refused" / str(fids[0])
+    assert refused.is_symlink() and secret.read_bytes().startswith(b"not the mount's")
+    assert not data.exists() and not data.is_symlink()
+
+
 class SlowStore(MemoryObjectStore):
     """Uploads take a while, like a real backend under load."""
 
