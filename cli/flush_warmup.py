@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import abs_path, relative_in_mount
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count, left_bytes
 from lakefs_mount.config import human_bytes
 from lakefs_mount.ops import controlclient
-from lakefs_mount.ops.controlclient import ControlError, ControlTimeout
+from lakefs_mount.ops.controlclient import NO_ANSWER, ControlError, ControlTimeout
 
 
 def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: str,
@@ -35,7 +35,8 @@ def _path_op(op: str, mp: Path, rel: str | None, timeout: float | None, verb: st
     except ControlTimeout as exc:
         left = left_bytes(exc.last_progress or printer.last)
         still = f"; {left} bytes ({human_bytes(left)}) {left_is}" if left is not None else ""
-        raise CliError(f"{name} timed out after {timeout:g} s{still}") from None
+        why = "" if exc.answered else f": the daemon serving {mp} {NO_ANSWER}"
+        raise CliError(f"{name} timed out after {timeout:g} s{why}{still}") from None
     except ControlError as exc:
         raise CliError(f"{name} of {mp / (rel or '')} failed: {exc}") from None
     finally:
@@ -50,7 +51,7 @@ def _path_command(timeout_help: str) -> Callable[[Callable[..., None]], click.Co
         fn = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
                           help=timeout_help)(fn)
         fn = click.argument("path", required=False)(fn)
-        fn = click.argument("mountpoint", type=click.Path(path_type=Path))(fn)
+        fn = click.argument("mountpoint", type=MOUNT_POINT)(fn)
         return click.command()(fn)
     return make
 

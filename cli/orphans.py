@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from lakefs_mount.cli.errors import CliError
-from lakefs_mount.cli.params import abs_path, relative_in_mount
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes
 from lakefs_mount.ops import controlclient
@@ -37,7 +37,7 @@ def _orphans_call(mp: Path, request: dict, timeout: float | None,
 
 @orphans.command("list", epilog="Exit status: 0 listed (also when there are none); 1 no "
                  "daemon serves MOUNTPOINT.")
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=MOUNT_POINT)
 @click.option("--json", "as_json", is_flag=True, help="Print them as JSON, for scripts.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               metavar="SECONDS")
@@ -70,7 +70,7 @@ not be uploaded (they stay; the message says why), or no daemon serves MOUNTPOIN
 
 
 @orphans.command("upload", epilog=ORPHANS_UPLOAD_EPILOG)
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=MOUNT_POINT)
 @click.option("--to", "to", default="lost+found", show_default=True, metavar="DIR",
               help="Directory of the mount (absolute inside it, or relative to its root) "
               "the orphans go to, as <host>-<name>.")

@@ -28,6 +28,21 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
+class MountPointType(click.ParamType):
+    """A mount point as given, made absolute without a look at it: a stat of a mount
+    whose daemon is stopped waits in the kernel for an answer that does not come, and
+    the command's --timeout must hold then too (click.Path stats every path)."""
+
+    name = "MOUNTPOINT"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Path:
+        return abs_path(value)
+
+
+MOUNT_POINT = MountPointType()
+
+
 def abs_path(path: Path | str) -> Path:
     """Absolute path without resolving the last component (it may be a dead mount)."""
     return Path(os.path.abspath(path))

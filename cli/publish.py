@@ -16,14 +16,15 @@ from typing import Any
 import click
 
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import abs_path, relative_in_mount
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes, parse_source
 from lakefs_mount.ops import controlclient
-from lakefs_mount.ops.controlclient import ControlError, ControlTimeout
+from lakefs_mount.ops.controlclient import NO_ANSWER, ControlError, ControlTimeout
 
 NO_MANIFEST_EXIT = 3
 CONTROL_MARGIN = 60.0  # seconds the CLI waits beyond --timeout for the daemon's answer
+ANSWER_GRACE = 2.0  # seconds beyond --timeout within which the daemon says something
 
 COMMIT_EPILOG = """\b
 Exit status: 0 the manifest is in S3; 1 the commit failed or timed out (no manifest
@@ -43,7 +44,7 @@ def _in_mount(mountpoint: Path, path: str) -> tuple[Path, str]:
 
 
 @click.command(epilog=COMMIT_EPILOG)
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=MOUNT_POINT)
 @click.argument("path")
 @click.option("--expect-files", type=click.IntRange(min=0), metavar="N",
               help="Wait until PATH holds at least N files in S3 (other nodes' too).")
@@ -66,12 +67,17 @@ def commit(mountpoint: Path, path: str, expect_files: int | None, expect: tuple[
     request = {"op": "commit", "path": rel, "expect_files": expect_files,
                "expect": list(expect), "timeout": timeout}
     try:
-        result = controlclient.call(mp, request, on_progress=printer,
-                              timeout=None if timeout is None else timeout + CONTROL_MARGIN)
+        # the daemon answers by --timeout (its result or the timeout); its manifest's
+        # PUT may take the margin beyond
+        result = controlclient.call(
+            mp, request, on_progress=printer,
+            timeout=None if timeout is None else timeout + CONTROL_MARGIN,
+            answer_within=None if timeout is None else timeout + ANSWER_GRACE)
         printer.done(finished=True)
-    except ControlTimeout:
-        raise CliError(f"commit of {mp / rel} timed out: the daemon did not answer; no "
-                       f"manifest was written") from None
+    except ControlTimeout as exc:
+        why = NO_ANSWER if not exc.answered else "did not finish in time"
+        raise CliError(f"commit of {mp / rel} timed out: the daemon {why}; no manifest was "
+                       f"written") from None
     except ControlError as exc:
         raise CliError(f"commit of {mp / rel} failed: {exc}") from None
     finally:

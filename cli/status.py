@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from lakefs_mount.cli.params import abs_path
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path
 from lakefs_mount.config import human_bytes
 from lakefs_mount.ops import controlclient
 from lakefs_mount.s3.stats import WAITING_AFTER
@@ -108,7 +108,7 @@ def format_checkpoints(status: dict) -> str:
 
 
 @click.command()
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=MOUNT_POINT)
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               metavar="SECONDS")

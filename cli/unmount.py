@@ -10,11 +10,16 @@ from pathlib import Path
 import click
 
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import abs_path
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path
 from lakefs_mount.cli.progress import ProgressPrinter, left_bytes
 from lakefs_mount.config import human_bytes
 from lakefs_mount.ops import controlclient
-from lakefs_mount.ops.controlclient import ControlError, ControlTimeout, DaemonNotRunning
+from lakefs_mount.ops.controlclient import (
+    NO_ANSWER,
+    ControlError,
+    ControlTimeout,
+    DaemonNotRunning,
+)
 from lakefs_mount.ops.mountpoint import MountpointError
 
 EXIT_WAIT = 60.0  # seconds `unmount` waits for the daemon process to exit
@@ -57,7 +62,7 @@ def _unmount_without_daemon(mp: Path, error: ControlError) -> None:
 
 
 @click.command()
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=MOUNT_POINT)
 @click.option("--no-flush", is_flag=True, help="Do not wait for dirty data to reach S3.")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Give up on the flush after this long (the mount stays).")
@@ -78,7 +83,8 @@ def unmount(mountpoint: Path, no_flush: bool, timeout: float | None) -> None:
         printer.done()
         left = left_bytes(exc.last_progress or printer.last)
         still = f"; {human_bytes(left)} still dirty" if left is not None else ""
-        raise CliError(f"flush before unmount timed out after {timeout:g} s{still}; "
+        why = "" if exc.answered else f": the daemon {NO_ANSWER}"
+        raise CliError(f"flush before unmount timed out after {timeout:g} s{why}{still}; "
                        f"{mp} stays mounted") from None
     except ControlError as exc:
         printer.done()

@@ -154,8 +154,8 @@ def render(rows: list[Row]) -> str:
         "",
         *COVERED_WITHOUT_A_ROW,
         "",
-        "A test run asked to rewrites the rows of the tests it ran (root and /dev/fuse "
-        "needed):",
+        "A test run with --write-reliability rewrites the rows of the tests it ran (root "
+        "and /dev/fuse needed):",
         "",
         "```sh",
         "sudo bash packaging/test.sh --write-reliability tests/faults   # or the whole suite",

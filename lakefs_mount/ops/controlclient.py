@@ -25,38 +25,54 @@ class DaemonNotRunning(ControlError):
     """Nobody listens on the control socket of that mount point."""
 
 
-class ControlTimeout(ControlError):
-    """The call did not finish in time; `last_progress` is the last progress seen."""
+NO_ANSWER = "does not answer (stopped, or too busy to read its control socket)"
 
-    def __init__(self, message: str, last_progress: dict | None = None) -> None:
+
+class ControlTimeout(ControlError):
+    """The call did not finish in time; `last_progress` is the last progress seen, and
+    `answered` whether the daemon sent anything at all."""
+
+    def __init__(self, message: str, last_progress: dict | None = None,
+                 answered: bool = True) -> None:
         super().__init__(message)
         self.last_progress = last_progress
+        self.answered = answered
 
 
 def call(mountpoint: Path, request: dict, *, timeout: float | None,
-         on_progress: Callable[[dict], None] | None = None) -> dict:
+         on_progress: Callable[[dict], None] | None = None,
+         answer_within: float | None = None) -> dict:
     """Send one request to the daemon serving `mountpoint`; return its `result`.
 
-    Blocks until the final line (or `timeout` seconds in total, None = forever). Raises
+    Blocks until the final line (or `timeout` seconds in total, None = forever; a daemon
+    that sent nothing within `answer_within` seconds counts as not answering). Raises
     DaemonNotRunning, ControlTimeout or ControlError with a message for the user.
     """
     return call_socket(control_socket_path(Path(mountpoint)), request, timeout=timeout,
-                       on_progress=on_progress, target=str(mountpoint))
+                       on_progress=on_progress, target=str(mountpoint),
+                       answer_within=answer_within)
 
 
 def call_socket(socket_path: Path, request: dict, *, timeout: float | None,
                 on_progress: Callable[[dict], None] | None = None,
-                target: str | None = None) -> dict:
+                target: str | None = None, answer_within: float | None = None) -> dict:
     """`call` on an explicit socket path (what tests and tools use)."""
     target = target or str(socket_path)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    if answer_within is not None and (deadline is None or started + answer_within < deadline):
+        first_deadline: float | None = started + answer_within
+    else:
+        first_deadline = None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     last_progress: dict | None = None
+    heard = False  # any byte from the daemon: it reads its socket and answers
 
     def remaining() -> float | None:
-        if deadline is None:
+        until = first_deadline if first_deadline is not None and not heard else deadline
+        if until is None:
             return None
-        left = deadline - time.monotonic()
+        left = until - time.monotonic()
         if left <= 0:
             raise TimeoutError
         return left
@@ -85,6 +101,7 @@ def call_socket(socket_path: Path, request: dict, *, timeout: float | None,
                                        f"connection without an answer (did it crash? "
                                        f"see its log)")
                 buf += chunk
+                heard = True
                 if len(buf) > MAX_LINE:
                     raise ControlError("the daemon sent an over-long reply line")
             line, _, rest = bytes(buf).partition(b"\n")
@@ -102,6 +119,11 @@ def call_socket(socket_path: Path, request: dict, *, timeout: float | None,
                 return message.get("result") or {}
             raise ControlError(str(message.get("error") or "the daemon reported an error"))
     except TimeoutError as exc:
+        waited = time.monotonic() - started
+        if not heard:  # (not even the connection, where the daemon's backlog is full)
+            raise ControlTimeout(f"timed out after {waited:.0f} s: the lakefs-mount daemon "
+                                 f"serving {target} {NO_ANSWER}", last_progress,
+                                 answered=False) from exc
         raise ControlTimeout(f"timed out after {timeout or 0:g} s", last_progress) from exc
     except OSError as exc:
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):

@@ -189,6 +189,23 @@ def test_timeout_keeps_last_progress(server):
     assert call_socket(server.path, {"op": "status"}, timeout=5)["dirty_bytes"] == 123
 
 
+def test_a_daemon_that_sends_nothing_is_reported_as_not_answering_within_its_bound(tmp_path):
+    """A stopped daemon's socket still takes connections (the kernel's backlog) and reads
+    nothing: the call ends at `answer_within`, not at its whole timeout, and says so."""
+    path = tmp_path / "silent.sock"
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(path))
+    silent.listen(4)
+    try:
+        began = time.monotonic()
+        with pytest.raises(ControlTimeout, match="does not answer") as info:
+            call_socket(path, {"op": "commit"}, timeout=30, answer_within=0.5)
+        assert time.monotonic() - began < 5
+        assert info.value.answered is False
+    finally:
+        silent.close()
+
+
 def test_socket_and_dir_modes(server):
     assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(server.path.parent).st_mode) == 0o700
