@@ -475,7 +475,17 @@ def _before_our_code(stderr: str) -> bool:
     ours = any(OUR_CODE in frame for frame in frames)
     return "init_import_site" in stderr or not ours and (
         "Failed checking if argv[0] is an import path entry" in stderr
-        or stderr.rstrip().endswith("KeyboardInterrupt"))
+        or stderr.rstrip().endswith("KeyboardInterrupt")
+        or _swallowed_by_an_import_lock(stderr, frames))
+
+
+def _swallowed_by_an_import_lock(stderr: str, frames: list[str]) -> bool:
+    """A signal that lands in the weakref callback of CPython's import lock while a module
+    loads: the interpreter prints "Exception ignored in: <function _get_module_lock...>"
+    and goes on (the command then runs to its end, and its exit status still tells what
+    it did); only frozen importlib frames are in that report, none of ours."""
+    return (stderr.startswith("Exception ignored in: <function _get_module_lock")
+            and bool(frames) and all("<frozen importlib._bootstrap>" in f for f in frames))
 
 
 def _usable_or_remounted(m: Mount, trials: Trials) -> None:
