@@ -135,6 +135,7 @@ class OpenUpload:
     id: str | None = None
     key: str | None = None
     checksum: bool = False  # its Complete needs every part's CRC-32C
+    table: str | None = None  # the key its object's metadata names for its part CRCs
     # A rename kept the open upload at its old key (`key`): the move of the object to the
     # file's key waits for this, set once the upload is completed there (and the file's
     # base is that key) or has left the file uncompleted (nothing to move).
@@ -209,9 +210,12 @@ class CachedFile:
         """True while something of this file is not committed in S3."""
         return self.in_journal
 
-    def start_upload(self, upload_id: str, key: str, checksum: bool) -> None:
-        """The multipart upload its parts go to from now on (created for `key`)."""
+    def start_upload(self, upload_id: str, key: str, checksum: bool,
+                     table: str | None = None) -> None:
+        """The multipart upload its parts go to from now on (created for `key`, naming
+        `table` for its part CRCs)."""
         self.upload.id, self.upload.key, self.upload.checksum = upload_id, key, checksum
+        self.upload.table = table
 
     def take_upload(self, completed: bool = False) -> tuple[str, str] | None:
         """Off the file: the open upload's (key, id), once it is completed, aborted, gone,
@@ -221,7 +225,7 @@ class CachedFile:
         if self.upload.id is None or self.upload.key is None:
             return None
         taken = self.upload.key, self.upload.id
-        self.upload.id = self.upload.key = None
+        self.upload.id = self.upload.key = self.upload.table = None
         self.upload.checksum = False
         if not completed:
             self.release_move()

@@ -31,8 +31,9 @@ from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.direct import BUFFER_SIZE, write_back
 from lakefs_mount.cache.diskroom import DiskRoom
+from lakefs_mount.cache.parttables import PartTables
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo
+from lakefs_mount.s3.objectstore import CorruptRead, NoSuchKey, ObjectInfo
 from lakefs_mount.uring import write_on_this_thread
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Fetcher:
     def __init__(self, book: ChunkBook, files: CacheFiles, room: DiskRoom,
                  journal: AsyncJournal, store: AsyncStore, read_ahead: int) -> None:
         self.book = book
+        self.tables = PartTables(store, book.parts)
         self.parts = book.parts
         self.files = files
         self.room = room
@@ -181,7 +183,7 @@ class Fetcher:
         with filling:
             async with self._fetch_slots, self.files.io(cf) as fd:
                 self._busy_at = trio.current_time()
-                await self._get_base_into(fd, cf, start, end)
+                await self._get_base_into(fd, cf, idx, start, end)
                 if written_back:  # (fetched: kept even if the warm-up is being stopped)
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(write_back, fd, start, end)
@@ -192,23 +194,30 @@ class Fetcher:
             self._note_fetched(cf, idx)
             ch.direct = written_back and self.files.fds.can_direct  # (O_DIRECT reads see it)
 
-    async def _get_base_into(self, fd: int, cf: CachedFile, start: int, end: int) -> None:
-        """`_get_into` from the file's committed object. A written-back rename may move
-        that object while the GET is under way (its copy lands, the file is rebased, the
-        old key is deleted): the GET then goes to where the object is now."""
+    async def _get_base_into(self, fd: int, cf: CachedFile, idx: int, start: int,
+                             end: int) -> None:
+        """`_get_into` from the file's committed object, checked against what its bytes
+        must be (`PartTables`). A written-back rename may move that object while the GET
+        is under way (its copy lands, the file is rebased, the old key is deleted): the
+        GET then goes to where the object is now."""
+        expect = await self.tables.expected_crc(cf, idx, start, end)
+        whole = start == 0 and end == cf.base.size
         while True:
             key = cf.base.key
             assert key is not None
             try:
-                return await self._get_into(fd, key, start, end)
+                return await self._get_into(fd, key, start, end, expect, whole)
             except NoSuchKey:
                 if cf.base.key in (key, None):
                     raise
 
-    async def _get_into(self, fd: int, key: str, start: int, end: int) -> None:
+    async def _get_into(self, fd: int, key: str, start: int, end: int, expect: int | None,
+                        whole: bool) -> None:
         """GET bytes [start, end) of `key` into the cache file at their offsets, from the
-        GET's own thread. Cancelled (an interrupted warm-up), the GET stops at its next
-        piece instead of running to its end: the thread cannot be abandoned."""
+        GET's own thread, checked against `expect` or, for the `whole` object, S3's CRC
+        of it (a mismatch is fetched again, then fails the read). Cancelled (an
+        interrupted warm-up), the GET stops at its next piece instead of running to its
+        end: the thread cannot be abandoned."""
         stop = threading.Event()
 
         def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
@@ -226,7 +235,7 @@ class Fetcher:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop_when_cancelled)
             try:
-                await self.store.get_range_into(key, start, end, write_piece)
+                await self.store.get_range_into(key, start, end, write_piece, expect, whole)
             except FetchStopped:
                 await trio.lowlevel.checkpoint()  # cancelled: raises Cancelled here
                 raise
@@ -346,7 +355,10 @@ class Fetcher:
                         return False
                     return True
 
-                got = await self.store.get_whole(cf.key, keep)
+                try:
+                    got = await self.store.get_whole(cf.key, keep)
+                except CorruptRead:  # (counted and logged): the read fetches and checks it
+                    return await self.store.head(cf.key)
             if got is None:
                 return None
             info, kept = got

@@ -36,7 +36,7 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.slots import Slots
 from lakefs_mount.cache.uploads import CommitSuperseded, Uploads
 from lakefs_mount.s3.checksums import ChecksumUse
-from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
+from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, META_PARTS
 from lakefs_mount.s3.objectstore import NoSuchKey, NoSuchUpload, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class KeyGate(Protocol):
 class Flusher:
     def __init__(self, cache: CacheManager, concurrency: int, commit_delay: float = 0.0,
                  on_committed: Callable[[CachedFile], None] = lambda cf: None,
-                 gate: KeyGate | None = None, writer: str = "") -> None:
+                 gate: KeyGate | None = None, writer: str = "", prefix: str = "") -> None:
         self.cache = cache
         self.demand = demand = cache.demand  # what the cache asks of the flusher
         self.store = cache.store
@@ -96,7 +96,7 @@ class Flusher:
         self.gate = gate
         self.checksums = ChecksumUse.from_environment()  # the probe: whether S3 checks
         self.uploads = Uploads(cache, self._slots, lambda cf: cf in self._flushing,
-                               self.checksums, self._progress_changed, writer)
+                               self.checksums, self._progress_changed, writer, prefix)
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -275,6 +275,9 @@ class Flusher:
             self.metrics[m.OBJECTS_PUT] += 1
             committed: list[int] = []
         elif attrs_only and size > 0:
+            table = None if cf.base.meta is None else cf.base.meta.get(META_PARTS)
+            if table is not None:  # the same bytes: the same parts
+                meta[META_PARTS] = table
             etag = await self.uploads.call(cf, f"CopyObject {cf.key}", self.store.sync.copy,
                                            cf.key, cf.key, meta, places_object=True)
             self.metrics[m.SERVER_SIDE_COPIES] += 1
@@ -320,13 +323,11 @@ class Flusher:
             except ExceptionGroup as group:  # NoSuchUpload, CommitSuperseded: see the caller
                 raise group.exceptions[0] from group
             parts = [(n, etag) for n, (etag, _) in sorted(results.items())]
-            crc = self.uploads.full_crc([c for _, (_, c) in sorted(results.items())], size)
-            listed = ([c for _, (_, c) in sorted(results.items())]  # (all known: see above)
-                      if cf.upload.checksum else None)
-            etag = await self.uploads.call(cf, f"CompleteMultipartUpload {key}",
-                                           self.store.sync.complete_multipart, key, upload_id,
-                                           parts, listed, crc if cf.upload.checksum else None,
-                                           places_object=True)
+            part_crcs = [c for _, (_, c) in sorted(results.items())]
+            crc = self.uploads.full_crc(part_crcs, size)
+            if cf.upload.table is not None:
+                meta[META_PARTS] = cf.upload.table  # (as its CreateMultipartUpload said)
+            etag = await self.uploads.complete(cf, key, upload_id, parts, part_crcs, crc, size)
             self.metrics[m.UPLOADS_COMPLETED] += 1
             await self.journal(self.journal.sync.end_upload, upload_id)
             cf.take_upload(completed=True)

@@ -275,7 +275,7 @@ class Journal:
             self._conn.execute(
                 "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
             self._conn.execute("UPDATE files SET upload_id=NULL, upload_key=NULL,"
-                               " upload_checksum=0 WHERE fid=?", (fid,))
+                               " upload_checksum=0, upload_table=NULL WHERE fid=?", (fid,))
 
     def drop_chunks_from(self, fid: int, first_idx: int) -> None:
         """Chunks past a truncation no longer exist."""
@@ -314,7 +314,7 @@ class Journal:
                     return False
             self._conn.execute(
                 "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL,"
-                " upload_checksum=0 WHERE fid=?", (base_key, base_size, fid))
+                " upload_checksum=0, upload_table=NULL WHERE fid=?", (base_key, base_size, fid))
             self._conn.execute(
                 "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
             return True
@@ -326,16 +326,18 @@ class Journal:
         self._conn.execute("INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)",
                            (f"{INTENT}{fid}", key))
 
-    def start_upload(self, fid: int, upload_id: str, key: str, checksum: bool = False) -> None:
-        """`checksum`: created with ChecksumAlgorithm CRC32C (see `upload_checksum`)."""
+    def start_upload(self, fid: int, upload_id: str, key: str, checksum: bool = False,
+                     table: str | None = None) -> None:
+        """`checksum`: created with ChecksumAlgorithm CRC32C (see `upload_checksum`);
+        `table`: the key of its table of part CRCs (see `upload_table`)."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute("DELETE FROM uploads WHERE upload_id=?", (f"{INTENT}{fid}",))
             self._conn.execute(
                 "INSERT OR REPLACE INTO uploads(upload_id, key) VALUES (?, ?)", (upload_id, key))
             self._conn.execute(
-                "UPDATE files SET upload_id=?, upload_key=?, upload_checksum=? WHERE fid=?",
-                (upload_id, key, int(checksum), fid))
+                "UPDATE files SET upload_id=?, upload_key=?, upload_checksum=?, upload_table=?"
+                " WHERE fid=?", (upload_id, key, int(checksum), table, fid))
 
     def end_upload(self, upload_id: str) -> None:
         """The upload was completed or aborted."""

@@ -24,6 +24,8 @@ files      one row per file whose content or attributes are not yet committed in
                0 for every other file
   upload_checksum  (v7) 1 = upload_id was created with ChecksumAlgorithm CRC32C (type
                FULL_OBJECT): its Complete must give every part's CRC-32C
+  upload_table  (v9) the key its object's metadata names for the table of its parts'
+               CRC-32C (s3/parttable), written with its Complete; NULL = none
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
@@ -86,6 +88,7 @@ class PendingFile:
     intent_gen: int = 0  # how many intents the daemon had issued for the file
     passthrough: int = 0  # 1: the kernel may write the cache file directly
     upload_checksum: int = 0  # 1: upload_id's Complete needs every part's CRC-32C
+    upload_table: str | None = None  # the key of its table of part CRCs
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
@@ -144,9 +147,13 @@ def _migrate_v8(db: sqlite_utils.Database) -> None:
                " until REAL NOT NULL, PRIMARY KEY (key, fid))")
 
 
+def _migrate_v9(db: sqlite_utils.Database) -> None:
+    db.table("files").add_column("upload_table", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6,
-    _migrate_v7, _migrate_v8]
+    _migrate_v7, _migrate_v8, _migrate_v9]
 
 
 @dataclass

@@ -90,7 +90,7 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                     mtime_ns=mtime_ns, fid=rec.fid,
                     base=CommittedBase(rec.base_key, rec.base_size or 0),
                     upload=OpenUpload(rec.upload_id, rec.upload_key,
-                                      bool(rec.upload_checksum)),
+                                      bool(rec.upload_checksum), rec.upload_table),
                     symlink=rec.symlink, rdev=rec.rdev, in_journal=True, commit_unknown=True,
                     intent_gen=rec.intent_gen)
     chunks = await journal(journal.sync.chunks, rec.fid)

@@ -20,9 +20,16 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.cache.slots import Slots
 from lakefs_mount.s3.checksums import ChecksumUse
-from lakefs_mount.s3.crc import crc32c_combine
-from lakefs_mount.s3.layout import META_SYMLINK, META_WRITER, encode_attrs, writer_tag
+from lakefs_mount.s3.crc import crc32c_combine, crc32c_of
+from lakefs_mount.s3.layout import (
+    META_PARTS,
+    META_SYMLINK,
+    META_WRITER,
+    encode_attrs,
+    writer_tag,
+)
 from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError
+from lakefs_mount.s3.parttable import PartTable, new_table_key
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ class CommitSuperseded(Exception):
 class Uploads:
     def __init__(self, cache: CacheManager, slots: Slots, urgent: Callable[[CachedFile], bool],
                  checksums: ChecksumUse, on_progress: Callable[[], None],
-                 writer: str = "") -> None:
+                 writer: str = "", prefix: str = "") -> None:
         self.cache = cache
         self.demand = cache.demand
         self.store = cache.store
@@ -49,6 +56,7 @@ class Uploads:
         self.checksums = checksums
         self.on_progress = on_progress
         self.writer = writer  # this cache's name in its objects' META_WRITER ("": none)
+        self.prefix = prefix  # the mount's: its tables of part CRCs go under it
 
     async def call(self, cf: CachedFile, what: str, fn: object, *args: object,
                    places_object: bool = False) -> object:
@@ -103,13 +111,14 @@ class Uploads:
                 # S3 keeps the whole object's CRC-32C only if every part has one: not
                 # where parts may be copied from a base object (UploadPartCopy)
                 checksum = self.checksums.full_object and cf.base.key is None
+                table = new_table_key(self.prefix)  # written with the Complete
                 upload_id = await self.call(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
-                                           self.metadata(cf), checksum)
+                                           {**self.metadata(cf), META_PARTS: table}, checksum)
                 assert isinstance(upload_id, str) and cf.fid is not None
-                cf.start_upload(upload_id, key, checksum)
+                cf.start_upload(upload_id, key, checksum, table)
                 await self.journal(self.journal.sync.start_upload, cf.fid, upload_id, key,
-                                   checksum)
+                                   checksum, table)
 
     async def forget(self, cf: CachedFile) -> None:
         """An upload vanished (aborted elsewhere, expired): its parts go up again.
@@ -261,6 +270,48 @@ class Uploads:
         start = self.parts.chunk_range(idx)[0]
         return (ch.sent_crc is None
                 or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
+
+    async def complete(self, cf: CachedFile, key: str, upload_id: str,
+                       parts: list[tuple[int, str]], crcs: list[int | None],
+                       full_crc: int | None, size: int) -> str:
+        """CompleteMultipartUpload (with every part's CRC and the whole object's, where
+        the upload was created to need them), and meanwhile the PUT of the table of the
+        parts' CRCs that the object's metadata names."""
+        etag: list[str] = []
+
+        async def complete() -> None:
+            listed = crcs if cf.upload.checksum else None  # (then all known: see above)
+            etag.append(str(await self.call(
+                cf, f"CompleteMultipartUpload {key}", self.store.sync.complete_multipart, key,
+                upload_id, parts, listed, full_crc if cf.upload.checksum else None,
+                places_object=True)))
+
+        async with trio.open_nursery() as nursery:
+            if cf.upload.table is not None:
+                nursery.start_soon(self._put_table, cf, cf.upload.table, crcs, size)
+            await complete()
+        return etag[0]
+
+    async def _put_table(self, cf: CachedFile, table_key: str, crcs: list[int | None],
+                         size: int) -> None:
+        """The table of the parts' CRCs (those copied server-side from the base object
+        taken from its table, where this mount holds it). A table that cannot be written
+        only leaves the object's parts unchecked when read: the commit goes on."""
+        base = self.cache.fetcher.tables.known(
+            None if cf.base.meta is None else cf.base.meta.get(META_PARTS))
+        if base is not None:
+            crcs = [base.crc_of(i, cf.base.size, self.parts.part_size) if c is None else c
+                    for i, c in enumerate(crcs)]
+        table = PartTable(size, self.parts.part_size, tuple(crcs))
+        self.cache.fetcher.tables.keep(table_key, table)
+        body = table.encode()
+        declared = crc32c_of(body) if self.checksums.send else None
+        try:
+            await self.store.call(self.store.sync.put, table_key, body, {}, declared,
+                                  what=f"PUT {table_key}")
+        except ObjectStoreError as exc:
+            log.warning("%s: its table of part CRCs %s was not written (%s): its parts "
+                        "will be read without a check", cf.key, table_key, exc)
 
     def full_crc(self, crcs: list[int | None], size: int) -> int | None:
         """The whole object's CRC-32C from its parts' (None unless all are known)."""

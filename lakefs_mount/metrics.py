@@ -8,6 +8,9 @@ PROMETHEUS_PREFIX = "lakefs_mount_"
 
 BYTES_UPLOADED = "bytes_uploaded"
 BYTES_DOWNLOADED = "bytes_downloaded"
+BYTES_VERIFIED = "bytes_verified"
+BYTES_UNVERIFIED = "bytes_unverified"
+READ_CHECKSUM_ERRORS = "read_checksum_errors"
 PARTS_UPLOADED = "parts_uploaded"
 PARTS_COPIED = "parts_copied"
 OBJECTS_PUT = "objects_put"
@@ -42,6 +45,11 @@ INTENTS_JOURNALLED = "intents_journalled"
 COUNTERS: dict[str, str] = {
     BYTES_UPLOADED: "Bytes of file data sent to S3 (parts and whole objects).",
     BYTES_DOWNLOADED: "Bytes fetched from S3 into the cache.",
+    BYTES_VERIFIED: "Bytes fetched from S3 whose CRC-32C was checked before any use.",
+    BYTES_UNVERIFIED: ("Bytes fetched from S3 with no CRC-32C to check them against (an "
+                       "object another tool wrote without one, a part copied server-side)."),
+    READ_CHECKSUM_ERRORS: ("GETs whose bytes did not match their CRC-32C: fetched again, "
+                           "never served, cached or uploaded."),
     PARTS_UPLOADED: "Multipart parts uploaded (UploadPart).",
     PARTS_COPIED: "Parts reused server-side for unchanged ranges (UploadPartCopy).",
     OBJECTS_PUT: "Objects written with a single PutObject.",

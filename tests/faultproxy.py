@@ -18,6 +18,10 @@ of each one's headers, lower case, in the same order.
 parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
 its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
 `corrupted` lists the targets so changed.
+`corrupt_responses(match)` flips one bit in the middle of the body of every 200/206 answer
+to a GET that `match(method, target)` chooses (a bad NIC on the way back), on connections
+made while it is set with `parse_requests = True`; `corrupt_responses(None)` stops it (on
+new connections); `responses_corrupted` lists the targets so changed.
 `hold_requests(match)` is a black hole for some requests only (those for which
 `match(method, target)` is true, on parsed connections: a listing that never ends while
 S3 answers everything else); `hold_requests(None)` resets the connections it held.
@@ -41,13 +45,14 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import unquote
 
 _CHUNK = 64 * 1024
 
 
-def _key_of(target: str) -> str:
+def key_of(target: str) -> str:
     """The object key of a path-style request target (/bucket/key?query)."""
     return unquote(target.split("?", 1)[0]).lstrip("/").partition("/")[2]
 
@@ -91,6 +96,8 @@ class FaultProxy:
         self.requests_headers: list[frozenset[str]] = []  # their header names, lower case
         self._corruptions: list[list] = []  # [method, substring of the target, nth]
         self.corrupted: list[str] = []  # targets whose body had a byte flipped
+        self._corrupt_answers: Callable[[str, str], bool] | None = None
+        self.responses_corrupted: list[str] = []  # targets whose answer had a bit flipped
         self._fail = False
         self._hang = False
         self._hold: Callable[[str, str], bool] | None = None
@@ -193,11 +200,20 @@ class FaultProxy:
         with self._lock:
             self._socks.update((client, upstream))
         pending = [2]  # pumps still running; the last one closes both sockets
+        asked: deque[tuple[str, str]] = deque()  # requests forwarded, not yet answered
+        corrupt = self._corrupt_answers if self.parse_requests else None
         if self.parse_requests:
-            self._start(self._pump_requests, client, upstream, pending)
+            self._start(self._pump_requests, client, upstream, pending, asked)
         else:
             self._start(self._pump, client, upstream, pending, None)
-        self._start(self._pump, upstream, client, pending, self.truncate_responses_at)
+        if corrupt is not None:
+            self._start(self._pump_responses, upstream, client, pending, asked, corrupt)
+        else:
+            self._start(self._pump, upstream, client, pending, self.truncate_responses_at)
+
+    def corrupt_responses(self, match: Callable[[str, str], bool] | None) -> None:
+        """Flip a bit in the body of every answer to a GET (method, target) `match`es."""
+        self._corrupt_answers = match
 
     def answer_with(self, status: int, code: str, count: int,
                     methods: frozenset[str] = frozenset({"PUT", "POST"})) -> None:
@@ -251,7 +267,7 @@ class FaultProxy:
     def delay_keys(self, prefix: str, seconds: float = math.inf) -> None:
         """Hold requests on keys under `prefix` (path-style: /bucket/key) for `seconds`
         each before forwarding them, or until `release_keys()`."""
-        self.delay_requests(lambda method, target: _key_of(target).startswith(prefix), seconds)
+        self.delay_requests(lambda method, target: key_of(target).startswith(prefix), seconds)
 
     def delay_requests(self, match: Callable[[str, str], bool],
                        seconds: float = math.inf) -> threading.Event:
@@ -288,7 +304,7 @@ class FaultProxy:
                        f"{connection}Content-Length: {len(xml)}\r\n\r\n".encode() + xml)
 
     def _pump_requests(self, client: socket.socket, upstream: socket.socket,
-                       pending: list[int]) -> None:
+                       pending: list[int], asked: deque[tuple[str, str]]) -> None:
         """Client to server, request by request (HTTP/1.1 without pipelining, bodies with
         Content-Length, as S3 clients send them); injected answers go straight back."""
         buffered = b""
@@ -321,6 +337,7 @@ class FaultProxy:
                     raise OSError("closed")
                 if answer is None:
                     self._delay_if_held(method, target)
+                    asked.append((method, target))
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:
                     self._answer(client, *answer, close=True)  # instead of 100 Continue
@@ -343,6 +360,59 @@ class FaultProxy:
             pass
         finally:
             self._pump_done(client, upstream, pending)
+
+    def _pump_responses(self, upstream: socket.socket, client: socket.socket,
+                        pending: list[int], asked: deque[tuple[str, str]],
+                        corrupt: Callable[[str, str], bool]) -> None:
+        """Server to client, answer by answer (in the order of `asked`): a bit flipped in
+        the middle of the body of each answer to a GET that `corrupt` chooses. An answer
+        without a Content-Length ends the parsing: the rest is relayed as it comes."""
+        buffered = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    data = upstream.recv(_CHUNK)
+                    if not data or self._fail:
+                        raise OSError("closed")
+                    buffered += data
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                status = int(lines[0].split(" ")[1])
+                fields = {k.strip().lower(): v.strip()
+                          for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+                client.sendall(head + b"\r\n\r\n")
+                if status < 200:  # 100 Continue: the answer itself follows
+                    continue
+                method, target = asked.popleft() if asked else ("", "")
+                if method == "HEAD" or status in (204, 304):
+                    continue
+                if "content-length" not in fields:
+                    client.sendall(buffered)
+                    while data := upstream.recv(_CHUNK):
+                        client.sendall(data)
+                    raise OSError("closed")
+                length = int(fields["content-length"])
+                flip = (length // 2 if method == "GET" and status in (200, 206) and length
+                        and corrupt(method, target) else -1)
+                if flip >= 0:
+                    with self._lock:
+                        self.responses_corrupted.append(target)
+                sent = 0
+                while sent < length:
+                    if not buffered:
+                        buffered = upstream.recv(_CHUNK)
+                        if not buffered:
+                            raise OSError("closed")
+                    piece, buffered = buffered[:length - sent], buffered[length - sent:]
+                    at = flip - sent
+                    if 0 <= at < len(piece):
+                        piece = piece[:at] + bytes([piece[at] ^ 0x01]) + piece[at + 1:]
+                    client.sendall(piece)
+                    sent += len(piece)
+        except OSError:
+            pass
+        finally:
+            self._pump_done(upstream, client, pending)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name="faultproxy-pump",

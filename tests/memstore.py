@@ -26,6 +26,7 @@ from lakefs_mount.s3.objectstore import (
     ObjectInfo,
     ObjectStoreError,
     PendingUpload,
+    ReadCheck,
 )
 
 __all__ = ["MemoryObjectStore", "MIN_PART_SIZE", "MAX_PART_NUMBER"]
@@ -125,16 +126,20 @@ class MemoryObjectStore:
             return obj.body[start:end]
 
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None,
+                       expect_crc: int | None = None, whole: bool = False) -> tuple[int, bool]:
+        """(Keeps no CRC of its own: only `expect_crc` is checked.)"""
         info = self.head(key) if if_match is not None else None
         if info is not None and info.etag != if_match:
             error = ObjectStoreError(f"GetObject {key}: PreconditionFailed")
             error.code, error.status = "PreconditionFailed", 412
             raise error
         data = self.get_range(key, start, end)
+        check = ReadCheck(f"GET {key}", expect_crc)
         for off in range(0, len(data), PIECE):
+            check.add(data[off:off + PIECE])
             write(start + off, data[off:off + PIECE])
-        return len(data)
+        return len(data), check.done()
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],
             crc: int | None = None) -> str:

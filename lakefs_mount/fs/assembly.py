@@ -92,7 +92,7 @@ async def assemble(config: MountConfig, engine: IoEngine, store: AsyncStore,
     flusher = Flusher(cache, config.upload_concurrency, commit_delay=config.commit_delay,
                       on_committed=lambda cf: ns.index_changed(
                           parent_dir_key(config.prefix, cf.key)),
-                      gate=names, writer=writer)
+                      gate=names, writer=writer, prefix=config.prefix)
     fs = FileSystem(ns, cache, flusher, names, read_only=config.read_only,
                     fsync_remote=config.fsync_mode == "remote",
                     hold_temporaries=config.hold_temporaries)

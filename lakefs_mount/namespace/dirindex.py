@@ -25,11 +25,11 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.checksums import ChecksumUse
+from lakefs_mount.s3.layout import RESERVED_NAME
 from lakefs_mount.s3.objectstore import ObjectStoreError, key_fits
 
 log = logging.getLogger(__name__)
 
-RESERVED_NAME = ".lakefs-mount"  # a name the mount never shows nor lets anyone create
 INDEX_FOLDER = RESERVED_NAME + "/attrs/"
 FORMAT = 1
 WRITE_DELAY = 1.0  # commits arriving within this time go into one rewrite of the index

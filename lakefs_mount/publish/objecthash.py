@@ -53,7 +53,7 @@ class ObjectHasher:
 
             async with self._gets:
                 try:
-                    n = await self.store.retrying(
+                    n, _ = await self.store.retrying(
                         f"GET {key}", self.store.sync.get_range_into, key, start, end, write,
                         etag, max_attempts=4, transient_only=True)
                 except ObjectStoreError as exc:

@@ -14,6 +14,7 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.s3.objectstore import (
     AccessDenied,
+    CorruptRead,
     Listing,
     NoSuchBucket,
     NoSuchKey,
@@ -113,12 +114,14 @@ class AsyncStore:
             except (ObjectStoreError, OSError) as exc:
                 timeouts += isinstance(exc, RequestTimedOut)
                 self.metrics[m.ERRORS] += 1
+                if isinstance(exc, CorruptRead):
+                    self.metrics[m.READ_CHECKSUM_ERRORS] += 1
                 if on_error is not None:
                     on_error(exc)
                 if attempt >= max_attempts or (transient_only and not transient(exc)):
                     raise
                 delay = delay_after(attempt)
-                if isinstance(exc, (AccessDenied, NoSuchBucket)):
+                if isinstance(exc, (AccessDenied, NoSuchBucket, CorruptRead)):
                     log.error("%s failed: %s (retrying in %.1f s)", what, exc, delay)
                 else:
                     log.warning("%s failed: %s (retrying in %.1f s)", what, exc, delay)
@@ -167,6 +170,8 @@ class AsyncStore:
         got = await self.call(fetch, what=f"get {key}")  # a lookup: fails as fast as a HEAD
         if got is not None:
             self.metrics[m.BYTES_DOWNLOADED] += got[0].size
+            checked = got[0].crc32c is not None  # (the store checked the body against it)
+            self.metrics[m.BYTES_VERIFIED if checked else m.BYTES_UNVERIFIED] += got[0].size
         return got
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -177,12 +182,15 @@ class AsyncStore:
         return data
 
     async def get_range_into(self, key: str, start: int, end: int,
-                             write: Callable[[int, bytes], None]) -> int:
-        """A ranged GET streamed to `write` in a worker thread (retried as a whole)."""
+                             write: Callable[[int, bytes], None], expect_crc: int | None = None,
+                             whole: bool = False) -> int:
+        """A ranged GET streamed to `write` in a worker thread, retried as a whole, also
+        when its bytes do not match their CRC (`ObjectStore.get_range_into`)."""
         self.metrics[m.GETS] += 1
-        n = await self.retrying(f"GET {key}", self.sync.get_range_into, key, start, end, write,
-                                max_attempts=4)
+        n, checked = await self.retrying(f"GET {key}", self.sync.get_range_into, key, start,
+                                         end, write, None, expect_crc, whole, max_attempts=4)
         self.metrics[m.BYTES_DOWNLOADED] += n
+        self.metrics[m.BYTES_VERIFIED if checked else m.BYTES_UNVERIFIED] += n
         return n
 
     async def delete(self, key: str) -> None:

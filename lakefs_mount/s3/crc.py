@@ -59,3 +59,12 @@ def crc32c_of(data: bytes | memoryview, crc: int = 0) -> int:
 def encode_crc(crc: int) -> str:
     """As S3 writes x-amz-checksum-crc32c: base64 of the 4 big-endian bytes."""
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def decode_crc(text: str) -> int | None:
+    """x-amz-checksum-crc32c back to the CRC (None if it is not 4 bytes of base64)."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    return int.from_bytes(raw, "big") if len(raw) == 4 else None

@@ -27,6 +27,11 @@ META_RDEV = "rdev"  # device number of a character or block device (as s3fs writ
 # Which file of which cache wrote an object (`writer_tag`): lakefs-mount's own, so that a
 # mount can tell its killed predecessor's late commits from anyone else's (latewrites).
 META_WRITER = "lakefs-mount-writer"
+# The full key of the table of its parts' CRC-32C (s3/parttable), on the multipart objects
+# the mount writes: a GET of one part is checked against it.
+META_PARTS = "lakefs-mount-parts"
+# The mount's own records under its prefix: never shown in the mount nor creatable there.
+RESERVED_NAME = ".lakefs-mount"
 # File types a zero-byte object may carry in its mode: FIFOs, devices, UNIX sockets.
 SPECIAL_TYPES = frozenset({stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK})
 # File types an object may claim: anything else in its mode reads as a regular file.

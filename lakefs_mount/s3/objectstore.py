@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
+import crc32c
+
 MAX_KEY_BYTES = 1024  # S3's limit on the length of a key
 
 
@@ -55,6 +57,38 @@ class RequestTimedOut(ObjectStoreError):
 
 class NoSuchUpload(ObjectStoreError):
     """The multipart upload id is unknown (aborted, completed or expired)."""
+
+
+class CorruptRead(ObjectStoreError):
+    """A GET's bytes do not have the CRC-32C they were stored with: changed on the way (a
+    bad NIC, a middlebox) or at rest. Transient: asked again; never served, cached or
+    uploaded again."""
+
+    transient = True
+    code = "ChecksumMismatch"
+
+
+class ReadCheck:
+    """The CRC-32C of a GET's body as it streams past, held against the one expected
+    (`expect`, None: nothing to check against) once the body has ended."""
+
+    def __init__(self, what: str, expect: int | None) -> None:
+        self.what = what
+        self.expect = expect
+        self.crc = 0
+
+    def add(self, piece: bytes | memoryview) -> None:
+        if self.expect is not None:
+            self.crc = crc32c.crc32c(piece, self.crc)
+
+    def done(self) -> bool:
+        """True if the body was checked (and matched); raises CorruptRead if it did not."""
+        if self.expect is None:
+            return False
+        if self.crc != self.expect:
+            raise CorruptRead(f"{self.what}: the bytes S3 sent have CRC-32C {self.crc:08x},"
+                              f" not the {self.expect:08x} they were stored with")
+        return True
 
 
 @dataclass(frozen=True)
@@ -115,15 +149,21 @@ class ObjectStore(Protocol):
         ...
 
     def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
-        """A whole (small) object with its metadata in one request, or None if absent."""
+        """A whole (small) object with its metadata in one request, or None if absent.
+        Its body is checked against the CRC-32C S3 keeps for the whole object, where it
+        keeps one (then in the info's `crc32c`); CorruptRead if it does not match."""
         ...
 
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None,
+                       expect_crc: int | None = None, whole: bool = False) -> tuple[int, bool]:
         """Bytes [start, end) of `key`, handed to write(offset, piece) in pieces of about
-        1 MiB as they arrive (memory stays bounded); returns how many bytes there were.
-        `if_match`: only of the version with that ETag (else an ObjectStoreError with
-        code PreconditionFailed)."""
+        1 MiB as they arrive (memory stays bounded); returns how many bytes there were
+        and whether they were checked. `if_match`: only of the version with that ETag
+        (else an ObjectStoreError with code PreconditionFailed). `expect_crc`: the bytes'
+        CRC-32C; `whole`: [start, end) is the whole object as the caller knows it, sent
+        for without a Range so that S3's CRC-32C of the object comes with it. CorruptRead
+        if the bytes do not match what they are checked against."""
         ...
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],

@@ -19,7 +19,7 @@ import crc32c
 from botocore.config import Config
 
 from lakefs_mount.filespan import FileSpan
-from lakefs_mount.s3.crc import encode_crc
+from lakefs_mount.s3.crc import decode_crc, encode_crc
 from lakefs_mount.s3.failures import Failures
 from lakefs_mount.s3.lean import LeanTransport, listing_pages
 from lakefs_mount.s3.objectstore import (
@@ -31,6 +31,7 @@ from lakefs_mount.s3.objectstore import (
     ObjectStoreError,
     PendingUpload,
     PiecewiseBody,
+    ReadCheck,
 )
 from lakefs_mount.s3.replies import (
     META_PREFIX,
@@ -51,6 +52,14 @@ DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys
 CRC_HEADER = "x-amz-checksum-crc32c"  # S3 checks the body against it (BadDigest if not)
 FULL_OBJECT = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"}
 STREAM_PIECE = 1024 * 1024  # GET bodies are read and handed on in pieces of this size
+# A GET of a whole object asks for its stored CRC-32C, to check the body against (no more
+# rights than the GET: on AWS a KMS-encrypted object's GET needs kms:Decrypt anyway)
+CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+
+
+def _stored_crc(info: ObjectInfo) -> int | None:
+    """The CRC-32C S3 keeps for the whole object, if it keeps one and sent it."""
+    return None if info.crc32c is None else decode_crc(info.crc32c)
 
 
 def _client_config(endpoint_url: str | None, max_pool: int, connect_timeout: float,
@@ -215,7 +224,7 @@ class S3ObjectStore:
             with self._errors("HeadObject", key):
                 response = self._lean.send(
                     "HeadObject", "HEAD", key,
-                    headers={"x-amz-checksum-mode": "ENABLED"} if checksum else None)
+                    headers=dict(CHECKSUM_MODE) if checksum else None)
                 response.raw.release_conn()
         except NoSuchKey:
             return None
@@ -225,11 +234,17 @@ class S3ObjectStore:
     def get(self, key: str) -> tuple[ObjectInfo, bytes] | None:
         try:
             with self._errors("GetObject", key):
-                response = self._lean.send("GetObject", "GET", key)
-                data = b"".join(read_body(response))
+                response = self._lean.send("GetObject", "GET", key, dict(CHECKSUM_MODE))
+                info = info_from_headers(key, response.headers)
+                check = ReadCheck(f"GET {key}", _stored_crc(info))
+                pieces = []
+                for piece in read_body(response):
+                    check.add(piece)
+                    pieces.append(piece)
+                check.done()
         except NoSuchKey:
             return None
-        return info_from_headers(key, response.headers), data
+        return info, b"".join(pieces)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         pieces: list[bytes] = []
@@ -238,24 +253,36 @@ class S3ObjectStore:
 
     @retried
     def get_range_into(self, key: str, start: int, end: int,
-                       write: Callable[[int, bytes], None], if_match: str | None = None) -> int:
+                       write: Callable[[int, bytes], None], if_match: str | None = None,
+                       expect_crc: int | None = None, whole: bool = False) -> tuple[int, bool]:
         if start < 0 or end <= start:
-            return 0
+            return 0, False
+        whole = whole and start == 0
         done = 0
-        headers = {"Range": f"bytes={start}-{end - 1}"}
+        headers = dict(CHECKSUM_MODE) if whole else {"Range": f"bytes={start}-{end - 1}"}
         if if_match is not None:  # only that version (else 412 PreconditionFailed)
             headers["If-Match"] = f'"{if_match}"'
         try:
             with self._errors("GetObject", key):
                 response = self._lean.send("GetObject", "GET", key, headers)
+                if whole:
+                    info = info_from_headers(key, response.headers)
+                    if info.size != end:  # not the object the caller knows: its first bytes
+                        whole = False
+                        response.raw.close()  # (the rest is not read: not reused)
+                        return self.get_range_into(key, start, end, write, if_match)
+                    expect_crc = _stored_crc(info) if expect_crc is None else expect_crc
+                check = ReadCheck(f"GET {key} bytes {start}-{end - 1}", expect_crc)
                 for piece in read_body(response, STREAM_PIECE):
+                    check.add(piece)
                     write(start + done, piece)
                     done += len(piece)
+                checked = check.done()
         except ObjectStoreError as exc:
             if exc.code == "InvalidRange" or exc.status == 416:
-                return 0  # start is at or past the end of the object
+                return 0, False  # start is at or past the end of the object
             raise
-        return done
+        return done, checked
 
     @retried
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str],

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -29,8 +30,10 @@ from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.warmup import CacheTooSmall, warm_up
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.layout import PartMap
-from lakefs_mount.s3.objectstore import ObjectStore
+from lakefs_mount.s3.crc import crc32c_of
+from lakefs_mount.s3.layout import META_PARTS, PartMap
+from lakefs_mount.s3.objectstore import CorruptRead, ObjectStore
+from lakefs_mount.s3.parttable import PartTable
 from lakefs_mount.uring import open_engine
 from tests.memstore import MemoryObjectStore
 
@@ -222,6 +225,40 @@ def test_editing_a_committed_object_copies_unchanged_parts_server_side(tmp_path)
             assert c.store.objects["f"].body == want
             assert c.store.calls["upload_part"] - uploads_before == 1
             assert c.store.calls["upload_part_copy"] == 3
+    run(body)
+
+
+def test_chunks_of_a_multipart_object_are_checked_against_its_part_table(tmp_path):
+    """A committed multipart object names the table of its parts' CRCs; a cold read of one
+    of its chunks is checked against it: a chunk that does not match is fetched again,
+    then refused (the read fails with CorruptRead, EIO to the kernel), and not cached."""
+    store = MemoryObjectStore()
+    data = random.randbytes(2 * PART + 5)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "r").mkdir()
+
+    async def body() -> None:
+        async with core(tmp_path / "w", store) as c:
+            cf = await c.write_file("big", data)
+            await c.close_and_flush(cf)
+        info = store.head("big")
+        assert info is not None
+        table_key = info.metadata[META_PARTS]
+        table = PartTable.decode(store.objects[table_key].body, table_key)
+        assert table.crcs == tuple(crc32c_of(data[i:i + PART]) for i in (0, PART, 2 * PART))
+        wrong = PartTable(table.size, table.part_size,
+                          (table.crcs[0], (table.crcs[1] or 0) ^ 1, table.crcs[2]))
+        store.put(table_key, wrong.encode(), {})  # says part 2 holds other bytes
+        async with core(tmp_path / "r", store) as c:
+            cf = c.in_s3("big", len(data), info.etag)
+            cf.base.meta = dict(info.metadata)
+            assert await c.cache.read(cf, 0, 100) == data[:100]
+            with pytest.raises(CorruptRead):
+                await c.cache.read(cf, PART, 100)
+            assert 1 not in cf.chunks
+            assert c.cache.metrics[m.READ_CHECKSUM_ERRORS] >= 4  # every attempt (and readahead)
+            assert await c.cache.read(cf, 2 * PART, 5) == data[2 * PART:]
+            assert c.cache.metrics[m.BYTES_VERIFIED] == PART + 5
     run(body)
 
 
@@ -669,9 +706,10 @@ def test_a_reader_cancelled_while_its_get_is_held_stops_at_once_and_the_get_serv
 
     class HeldStore(MemoryObjectStore):
         def get_range_into(self, key: str, start: int, end: int,
-                           write: Callable[[int, bytes], None]) -> int:
+                           write: Callable[[int, bytes], None], *args: Any,
+                           **kwargs: Any) -> tuple[int, bool]:
             release.wait(30)
-            return super().get_range_into(key, start, end, write)
+            return super().get_range_into(key, start, end, write, *args, **kwargs)
 
     store = HeldStore()
     data = random.randbytes(PART)
