@@ -25,6 +25,9 @@ FORMAT = "lakefs-mount/commit"
 FORMAT_VERSION = 1
 ALGORITHM = "CRC32C"
 RESERVED = ".lakefs-mount"  # the mount's own records (dirindex): never part of a checkpoint
+# The CRC-32C of the manifest itself, as `canonical` writes it without this field: a
+# manifest changed after it was written (or on the way) is never read as another one.
+SELF_CHECK = "manifest_crc32c"
 
 # -- the manifest -----------------------------------------------------------------------
 
@@ -66,6 +69,12 @@ def build(entries: list[Entry], *, bucket: str, prefix: str, committed_at: float
         "file_count": len(files), "total_bytes": sum(e.size for e in files),
         "files": [e.to_json() for e in files],
     }
+    doc[SELF_CHECK] = encode_crc(crc32c_of(canonical(doc)))
+    return canonical(doc)
+
+
+def canonical(doc: dict[str, Any]) -> bytes:
+    """The manifest's bytes for `doc` (what SELF_CHECK is the CRC of, without itself)."""
     return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
@@ -85,6 +94,11 @@ def parse(body: bytes) -> tuple[dict[str, Any], list[Entry]]:
     if doc.get("version") != FORMAT_VERSION:
         raise ManifestError(f"format version {doc.get('version')!r}; this lakefs-mount "
                             f"reads version {FORMAT_VERSION}: upgrade it")
+    if SELF_CHECK in doc:  # (manifests of earlier releases have none)
+        rest = {k: v for k, v in doc.items() if k != SELF_CHECK}
+        if encode_crc(crc32c_of(canonical(rest))) != doc[SELF_CHECK]:
+            raise ManifestError("its own CRC-32C does not match its content: it changed "
+                                "after it was written, or on the way")
     try:
         entries = [Entry(f["key"], int(f["size"]), str(f["etag"]), float(f["mtime"]),
                          f["checksum"].get("value"), f["checksum"].get("source", "read"))

@@ -23,7 +23,7 @@ from lakefs_mount.publish.manifest import (
 )
 from lakefs_mount.publish.objecthash import ObjectHasher
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.objectstore import ObjectStoreError
+from lakefs_mount.s3.objectstore import CorruptRead, ObjectStoreError
 
 
 @dataclass
@@ -75,13 +75,13 @@ async def stored_crc(store: AsyncStore, key: str, entry: Entry) -> str | None:
 async def verify_checkpoint(store: AsyncStore, prefix: str, parallel: int = 8) -> VerifyReport:
     """Check the checkpoint at key prefix `prefix` (ending in "/") against its manifest."""
     report = VerifyReport(store.sync.bucket, prefix)
-    got = await store.call(store.sync.get, prefix + MANIFEST_NAME, what="GET manifest")
-    if got is None:
-        report.manifest = "missing"
-        return report
     try:
+        got = await store.call(store.sync.get, prefix + MANIFEST_NAME, what="GET manifest")
+        if got is None:
+            report.manifest = "missing"
+            return report
         doc, entries = parse(got[1])
-    except ManifestError as exc:
+    except (ManifestError, CorruptRead) as exc:  # (CorruptRead: S3's own CRC of it)
         report.manifest = "unreadable"
         report.problems.append(Problem("unreadable", MANIFEST_NAME, str(exc)))
         return report

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import crc32c
 import pytest
 
-from lakefs_mount.publish.manifest import MANIFEST_NAME, encode_crc
+from lakefs_mount.publish.manifest import MANIFEST_NAME, SELF_CHECK, encode_crc
 from tests.faults.test_s3_black_hole import wait_for
 from tests.mounting import CLI, cli
 
@@ -174,8 +174,20 @@ def test_verify_accepts_a_good_checkpoint_and_names_each_problem(mount, s3, s3_s
     assert sorted((p["kind"], p["key"]) for p in report["problems"]) == [
         ("etag", "f0.bin"), ("extra", "extra.bin"), ("missing", "f1.bin")]
 
-    # same size and ETag, other bytes: only the CRC32C can tell (a manifest edited here)
-    doc = _manifest(s3, "ck/")
+    # one digit of the manifest changed (at rest: S3's CRC of it is the new one): its own
+    # CRC-32C refuses it, rather than a wrong commit time or checksum read as right
+    body = s3.get_range("ck/" + MANIFEST_NAME, 0, 1 << 20)
+    at = body.index(b'"committed_at": ') + len(b'"committed_at": ') + 3
+    flipped = body[:at] + str((int(body[at:at + 1]) + 1) % 10).encode() + body[at + 1:]
+    s3.put("ck/" + MANIFEST_NAME, flipped, {})
+    proc = _verify(*s3_form)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "its own CRC-32C does not match" in proc.stdout + proc.stderr
+
+    # same size and ETag, other bytes: only the CRC32C can tell (a manifest of a release
+    # before the manifest's own CRC-32C, edited here)
+    doc = json.loads(body)
+    del doc[SELF_CHECK]
     entry = next(f for f in doc["files"] if f["key"] == "f2.bin")
     entry["checksum"]["value"] = _crc(b"something else")
     s3.put("ck/" + MANIFEST_NAME, json.dumps(doc).encode(), {})
