@@ -54,6 +54,9 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("s3_requests", "S3 requests", lambda ops: ", ".join(
         f"{op} {s['count']}" + (f" ({s['failures']} failed)" if s["failures"] else "")
         for op, s in ops.items()) or "none"),
+    ("hidden_objects", "names not shown",
+     lambda n: f"{n} (an object and a directory of one name: see the log)"),
+    ("hidden_examples", "", str),  # (the first few keys: status --json)
     ("cache_used", "cache used", human_bytes),
     ("orphans", "orphaned cache files",
      lambda v: f"{human_bytes(v)} (see: lakefs-mount orphans list)"),

@@ -284,6 +284,7 @@ class Daemon:
             **self._s3_under_way(),
             **self.core.flusher.status(),
             **self.core.names.status(),
+            **self.core.ns.status(),
             "metrics_addr": self.metrics_addr,
             "s3_requests": self.s3_stats.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,

@@ -50,6 +50,10 @@ class UnderWay:
 
 
 
+MAX_HIDDEN_KEPT = 10_000  # hidden keys remembered (each is logged once)
+HIDDEN_EXAMPLES = 5  # ... of them named in status
+
+
 class Listed(Tree):
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], names: NameLog | None,
@@ -72,6 +76,9 @@ class Listed(Tree):
         self._slow_at = -math.inf  # monotonic time S3 last counted as slow
         self._list_seconds: deque[float] = deque(maxlen=RECENT_LISTINGS)  # S3's recent ones
         self._probe: UnderWay | None = None  # a HEAD asking whether S3 answers at all
+        # Objects a directory of the same name hides (`a` beside `a/...`): POSIX cannot
+        # show both. Said once each in the log, and in status (`hidden`).
+        self.hidden: dict[str, None] = {}
 
     # -- S3 listings ----------------------------------------------------------------
 
@@ -332,7 +339,10 @@ class Listed(Tree):
             if not valid_name(name):
                 continue
             seen.add(name)
-            if self.child(dir_inode, name) is None and not self._removed(prefix + name + "/"):
+            existing = self.child(dir_inode, name)
+            if existing is not None and not existing.is_dir:
+                self._hide(sub, prefix + name)  # a file shown before the objects below came
+            elif existing is None and not self._removed(prefix + name + "/"):
                 self.add_listed_dir(dir_inode, name)
         for obj in listing.objects:
             name = obj.key[len(listed):]
@@ -340,6 +350,9 @@ class Listed(Tree):
                 continue  # the directory's own marker, or a name POSIX cannot show
             seen.add(name)
             existing = self.child(dir_inode, name)
+            if existing is not None and existing.is_dir:
+                self._hide(obj.key, prefix + name)
+                continue
             if existing is None and self._removed(prefix + name):
                 continue  # unlinked or renamed here; S3 does not know yet
             if existing is None:
@@ -358,6 +371,30 @@ class Listed(Tree):
                 self.detach(self.inodes[ino])
                 self.kernel.entry(dir_inode.ino, name)
         dir_inode.listed_at = time.monotonic()
+
+    def _hide(self, key: str, path_key: str) -> None:
+        """`key` (an object, or a prefix ending in "/") is not shown: its name is shown as
+        the other kind (a name is a file or a directory, not both)."""
+        if key in self.hidden:
+            return
+        if len(self.hidden) < MAX_HIDDEN_KEPT:
+            self.hidden[key] = None
+        where = f"s3://{self.store.sync.bucket}/{key}"
+        name = path_key[len(self.prefix):]
+        if key.endswith("/"):
+            log.warning("the objects below %s are not shown: %s is a file here. Move that "
+                        "file, or the objects, to another name to see them", where, name)
+        else:
+            log.warning("%s is not shown: objects below it make %s a directory here. Move "
+                        "the object to another key with an S3 tool to see it", where, name)
+
+    def status(self) -> dict[str, object]:
+        """`hidden_objects`: how many objects or prefixes a name of the other kind hides;
+        `hidden_examples`: the first few of them (None: none)."""
+        if not self.hidden:
+            return {"hidden_objects": None, "hidden_examples": None}
+        return {"hidden_objects": len(self.hidden),
+                "hidden_examples": list(self.hidden)[:HIDDEN_EXAMPLES]}
 
     def _objects_of(self, prefix: str) -> str:
         """Where S3 holds the objects of the directory `prefix`: a directory renamed here
