@@ -3,9 +3,10 @@
 The cache hands over full chunks to upload while writing goes on (`chunk_full`), asks for
 every full chunk at once when it runs out of room (`pressure`), and asks whether uploads
 under way will free any (`busy`). A temporary file (`hold`) keeps its full chunks back
-until it has its final name or is closed (`release`), or for at most the hold. The cache
-makes it; the flusher keeps its queues here and wakes on `wake`. Neither side is patched
-into the other after construction.
+until it has its final name or is closed (`release`), or for at most the hold. A file a
+writer the daemon did not see has left is committed (`commit`). The cache makes it; the
+flusher keeps its queues here and wakes on `wake`. Neither side is patched into the other
+after construction.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ class UploadDemand:
         self.in_flight = 0  # part uploads under way
         self.wake = trio.Event()
         self._held: dict[CachedFile, float] = {}  # temporary file -> end of its hold
+        self.commits: set[CachedFile] = set()  # files whose commit the cache asks for
+
+    def commit(self, cf: CachedFile) -> None:
+        """Commit `cf` now (the last writer of it that the daemon did not see has gone)."""
+        self.commits.add(cf)
+        self.wake.set()
 
     def chunk_full(self, cf: CachedFile, idx: int) -> None:
         """A full chunk of a file still being written: upload it now (a temporary's once

@@ -113,6 +113,8 @@ class Flusher:
                 for cf, idx in list(self._part_queue):
                     self._part_queue.discard((cf, idx))
                     nursery.start_soon(self.uploads.stream_part, cf, idx)
+                while self.demand.commits:
+                    self.request_commit(self.demand.commits.pop())
                 self._start_due_commits(nursery)
 
     def _start_due_commits(self, nursery: trio.Nursery) -> None:
@@ -153,6 +155,8 @@ class Flusher:
         what a passthrough writer's last close, under way, brings)."""
         for cf in files:
             await self.cache.passthrough.left(cf)
+            if cf.pt.writers and not cf.unlinked:  # what the kernel wrote so far counts
+                await self.cache.passthrough.sync(cf)
         targets = [(cf, cf.version) for cf in files if cf.pending and not cf.unlinked]
         errors_before = {cf: cf.errors.count for cf, _ in targets}
         started = time.monotonic()

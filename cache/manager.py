@@ -38,6 +38,7 @@ from lakefs_mount.cache.fetcher import Fetcher
 from lakefs_mount.cache.journalschema import CleanNote
 from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.reader import Reader
+from lakefs_mount.cache.stalewriters import StaleWriters
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.cache.writer import Writer
 from lakefs_mount.config import HooksForTests
@@ -89,6 +90,7 @@ class CacheManager:
         self.passthrough = Passthrough(self.cachefiles, self.book, self.room, self.reader,
                                        self.writer, parts, metrics,
                                        hooks or HooksForTests())
+        self.stale_writers = StaleWriters(self.passthrough, self.cachefiles, self.demand)
 
     @property
     def dirty_bytes(self) -> int:
@@ -104,6 +106,7 @@ class CacheManager:
             await nursery.start(self.fetcher.run, NOTES_EVERY)
             nursery.start_soon(self.evictor.run)
             nursery.start_soon(self.passthrough.run)
+            nursery.start_soon(self.stale_writers.run)
             await self.room.keep_journal_reserve()
             task_status.started()
             while True:

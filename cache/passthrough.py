@@ -168,6 +168,17 @@ class Passthrough:
             raise
         return fd
 
+    async def adopt_stale(self, cf: CachedFile) -> None:
+        """A writer a crashed daemon's mount left on the file (cache.stalewriters): it
+        counts as a passthrough writer until `leave`, so every further open of the file is
+        passthrough too, and what it writes is watched and taken over as theirs is."""
+        cf.pt.opens += 1
+        cf.pt.writers += 1
+        self.writing.add(cf)
+        assert cf.fid is not None
+        self._blocks.setdefault(cf, os.stat(self.cachefiles.path(cf.fid)).st_blocks * 512)
+        await self._recorded(cf)
+
     def _may_start(self, cf: CachedFile, writable: bool, daemon_opens: int) -> bool:
         if daemon_opens or cf.symlink is not None or cf.unlinked or cf.fid is None:
             return False

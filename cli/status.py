@@ -35,6 +35,8 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),
     ("max_dirty", "max dirty", human_bytes),
     ("files_pending", "files pending", str),
+    ("stale_writers", "files a crashed mount writes",
+     lambda n: f"{n} (still open there: watched, see the log)"),
     ("uploads_in_flight", "uploads in flight", str),
     ("bytes_uploaded", "bytes uploaded", human_bytes),
     ("upload_rate", "upload rate", str),  # these three: status --watch

@@ -267,6 +267,8 @@ class Daemon:
             "oldest_dirty_s": cache.book.oldest_dirty_age(list(cache.files.values())),
             "max_dirty": cache.max_dirty,
             "files_pending": len(pending),
+            # files a crashed daemon's mount may still write (cache.stalewriters)
+            "stale_writers": len(cache.stale_writers.files) or None,
             "cache_dir": str(self.config.resolved_cache_dir()),
             "cache_size": self.config.cache_size,
             "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
