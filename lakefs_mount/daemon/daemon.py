@@ -377,16 +377,15 @@ class Daemon:
     async def verify(self, path: str) -> dict[str, Any]:
         return await verify_path(self, path)
 
-    async def prepare_unmount(self, flush: bool) -> dict[str, Any]:
+    async def prepare_unmount(self, flush: bool,
+                              progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+        """The flush of an unmount reports its progress as a flush does: an unmount that
+        waits for a slow S3 says what it waits for."""
         if flush:
-            await self.flush(None, _no_progress)
+            await self.flush(None, progress)
         else:
             self.flush_on_exit = False
         return {"pid": os.getpid()}
-
-
-async def _no_progress(_: dict) -> None:
-    return None
 
 
 def _disk_usage(directory: Path) -> int | None:

@@ -63,7 +63,8 @@ class ControlHandler(Protocol):
     async def warmup(self, path: str | None,
                      progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
-    async def prepare_unmount(self, flush: bool) -> dict: ...
+    async def prepare_unmount(self, flush: bool,
+                              progress: Callable[[dict], Awaitable[None]]) -> dict: ...
 
     async def commit(self, request: dict,
                      progress: Callable[[dict], Awaitable[None]]) -> dict: ...
@@ -262,7 +263,8 @@ async def _dispatch(stream: trio.SocketStream, request: dict, handler: ControlHa
             result = await _while_client_waits(stream, op, handler.orphans(
                 bool(request.get("upload")), to, bool(request.get("keep")), progress))
         elif op == "unmount":
-            result = await handler.prepare_unmount(bool(request.get("flush", True)))
+            result = await _while_client_waits(stream, op, handler.prepare_unmount(
+                bool(request.get("flush", True)), progress))
         elif op == "commit":  # (publish/publisher.py checks the request's fields)
             result = await _while_client_waits(stream, op, handler.commit(request, progress))
         elif op == "verify":

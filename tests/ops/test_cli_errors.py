@@ -303,7 +303,7 @@ FAKE_SERVING_DAEMON = textwrap.dedent("""
             await progress({"dirty_bytes": 1024, "files": 1})
             return {"flushed_bytes": 1024, "path": path}
 
-        async def prepare_unmount(self, flush):
+        async def prepare_unmount(self, flush, progress):
             return {"pid": os.getpid()}
 
     mp = Path(sys.argv[1])

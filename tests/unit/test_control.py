@@ -49,8 +49,10 @@ class FakeHandler:
             await progress({"dirty_bytes": left, "files": 3})
         return {"flushed_bytes": 600}
 
-    async def prepare_unmount(self, flush: bool) -> dict:
+    async def prepare_unmount(self, flush: bool, progress) -> dict:
         self.unmount_calls.append(flush)
+        if flush:
+            await progress({"dirty_bytes": 7, "files": 1, "waiting_on": "PutObject k"})
         return {"pid": os.getpid()}
 
 
@@ -128,7 +130,11 @@ def test_flush_whole_mount_and_unmount(server):
     assert server.handler.flushed == [None]
     assert call_socket(server.path, {"op": "unmount", "flush": False}, timeout=5) == {
         "pid": os.getpid()}
-    assert server.handler.unmount_calls == [False]
+    seen: list[dict] = []  # an unmount's flush says what it waits for, as a flush does
+    assert call_socket(server.path, {"op": "unmount", "flush": True}, timeout=5,
+                       on_progress=seen.append) == {"pid": os.getpid()}
+    assert seen == [{"dirty_bytes": 7, "files": 1, "waiting_on": "PutObject k"}]
+    assert server.handler.unmount_calls == [False, True]
 
 
 def test_handler_errors_become_control_errors(server):
