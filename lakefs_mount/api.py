@@ -17,7 +17,7 @@ from typing import Any
 
 from lakefs_mount.config import control_socket_path
 from lakefs_mount.ops import controlclient
-from lakefs_mount.ops.mountpoint import read_mountinfo
+from lakefs_mount.ops.mountpoint import read_mountinfo, resolve_above
 
 FSTYPE = "fuse.lakefs-mount"
 
@@ -33,10 +33,13 @@ class NotALakefsMount(LakefsMountError):
 def locate(path: str | os.PathLike[str]) -> tuple[Path, str]:
     """(mount point, path relative to its root, "" for the root) of a path inside a
     lakefs-mount mount; NotALakefsMount otherwise."""
-    target = Path(os.path.realpath(path))
+    mounts = read_mountinfo()
+    # symlinks resolved only above a FUSE mount point: a stat in a mount waits for its
+    # daemon, and would hold a call whose timeout must bound it (a stopped daemon)
+    target = resolve_above(path, {e.mountpoint for e in mounts if e.fstype.startswith("fuse")})
     best: Path | None = None
     fstype = ""
-    for entry in read_mountinfo():  # the deepest mount holding it; a later one covers
+    for entry in mounts:  # the deepest mount holding it; a later one covers
         mp = Path(entry.mountpoint)
         if (target == mp or mp in target.parents) and (
                 best is None or len(mp.parts) >= len(best.parts)):

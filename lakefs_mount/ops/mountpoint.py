@@ -21,6 +21,7 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 FUSE_CONF = Path("/etc/fuse.conf")
 FUSE_DEVICE = Path("/dev/fuse")
 SYSFS_BDI = Path("/sys/class/bdi")
+MAX_SYMLINK_HOPS = 40  # as the kernel's (ELOOP)
 _STALE_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
@@ -66,6 +67,31 @@ def _canonical(path: Path) -> str:
     if absolute == absolute.parent:
         return str(absolute)
     return os.path.join(os.path.realpath(absolute.parent), absolute.name)
+
+
+def resolve_above(path: str | os.PathLike[str], stops: set[str]) -> Path:
+    """`path` absolute, with the symlinks above the first of `stops` (mount points) on its
+    way resolved, and nothing at or below that one looked at: a stat there waits for the
+    daemon serving it (forever, while it is stopped)."""
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    current = Path("/")
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        candidate = current.parent if part == ".." else current / part
+        if str(candidate) in stops:
+            return candidate.joinpath(*pending)
+        if part != ".." and os.path.islink(candidate):
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+            target = os.readlink(candidate)
+            base = Path("/") if os.path.isabs(target) else current
+            pending = list(Path(os.path.normpath(base / target)).parts[1:]) + pending
+            current = Path("/")
+            continue
+        current = candidate
+    return current
 
 
 def find_mount(path: Path) -> MountEntry | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -49,3 +51,19 @@ def test_a_timeout_holds_while_the_daemon_is_stopped(stopped, command, reliabili
     assert elapsed < 3 + GRACE, (elapsed, proc.stderr)
     assert proc.returncode != 0
     assert "does not answer" in proc.stderr, proc.stderr
+
+
+def test_the_python_api_timeout_holds_while_the_daemon_is_stopped(stopped):
+    """lakefs_mount.status / flush find the mount from mountinfo: no stat in the mount,
+    which would wait in the kernel for the stopped daemon before the timeout starts."""
+    script = ("import sys, lakefs_mount\n"
+              "try:\n"
+              "    getattr(lakefs_mount, sys.argv[1])(sys.argv[2], timeout=3)\n"
+              "except lakefs_mount.LakefsMountError as exc:\n"
+              "    sys.exit(f'error: {exc}')\n")
+    for call, path in (("status", stopped.path), ("flush", stopped.path / "sub" / "f")):
+        began = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", script, call, str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert time.monotonic() - began < 3 + GRACE, (call, proc.stderr)
+        assert proc.returncode != 0 and "does not answer" in proc.stderr, proc.stderr

@@ -23,6 +23,7 @@ from lakefs_mount.ops.mountpoint import (
     is_mounted,
     is_stale,
     read_mountinfo,
+    resolve_above,
     unmount,
 )
 
@@ -212,3 +213,24 @@ def test_cache_dir_read_only(tmp_path):
             check_cache_dir(target / "sub")
     finally:
         _force_unmount(target)
+
+
+def test_symlinks_are_resolved_only_above_a_mount_point(tmp_path):
+    """What the Python API does with a path: nothing at or below a mount point is looked
+    at (a stat there waits for its daemon), the symlinks above it are followed."""
+    real = tmp_path / "real"
+    (real / "mnt").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "rel").symlink_to("real/mnt")
+    (real / "mnt" / "x").symlink_to("/elsewhere")  # inside the mount: left as it is
+    stops = {str(real / "mnt")}
+    assert resolve_above(tmp_path / "link" / "mnt" / "x" / "y", stops) == real / "mnt/x/y"
+    assert resolve_above(tmp_path / "link" / "mnt", stops) == real / "mnt"
+    assert resolve_above(tmp_path / "rel" / "a", stops) == real / "mnt" / "a"
+    assert resolve_above(tmp_path / "link" / ".." / "rel", stops) == real / "mnt"
+    assert resolve_above(tmp_path / "link" / "mnt" / "x", set()) == Path("/elsewhere")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(OSError) as raised:
+        resolve_above(tmp_path / "a" / "f", stops)
+    assert raised.value.errno == errno.ELOOP
