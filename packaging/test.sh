@@ -8,6 +8,12 @@
 #                                                  also rewrite docs/reliability.md from the
 #                                                  fault tests' measured rows
 #
+# The whole suite runs in LAKEFS_MOUNT_TEST_WORKERS pytest-xdist workers (default 2; 0 runs
+# it in this process): most tests wait on S3, FUSE and the clock. Tests that change what
+# the machine shares (/etc/fstab, /dev/fuse's ACL, users, fs.pipe-max-size) are in the
+# xdist group "machine", which one worker runs. A slice, the fast tier and
+# --write-reliability (its rows are collected in one process) run in this process.
+#
 # Runs packaging/setup.sh (Debian packages, /dev/fuse, a venv with the test extras) into a
 # venv of the checkout's own, <repo>/.venv (override: LAKEFS_MOUNT_VENV), never the
 # machine-wide /opt/lakefs-mount/venv nor its /usr/local/bin and /sbin links. Then
@@ -24,11 +30,13 @@ FAST_TIERS=(tests/unit tests/fs)
 say() { printf 'test: %s\n' "$*"; }
 
 fast=0
+serial=0
 pytest_args=()
 for arg in "$@"; do
     case $arg in
         --fast) fast=1 ;;
-        --write-reliability) pytest_args+=("--write-reliability=$REPO/docs/reliability.md") ;;
+        --write-reliability) serial=1
+                             pytest_args+=("--write-reliability=$REPO/docs/reliability.md") ;;
         *) pytest_args+=("$arg") ;;
     esac
 done
@@ -37,10 +45,12 @@ has_path=0
 for arg in "${pytest_args[@]+"${pytest_args[@]}"}"; do
     [[ $arg != -* && -e $REPO/${arg%%::*} ]] && has_path=1
 done
+workers=0
 if (( fast )); then
     paths=("${FAST_TIERS[@]}")
 elif (( ! has_path )); then
     paths=(tests)
+    (( serial )) || workers="${LAKEFS_MOUNT_TEST_WORKERS:-2}"
 fi
 
 # systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs)
@@ -60,8 +70,11 @@ if ! "$VENV/bin/mypy" -p lakefs_mount; then
 fi
 
 # --durations: the slowest tests of every run, where the suite's time goes
-args=(-q -ra --timeout=600 --durations=25 "${paths[@]+"${paths[@]}"}"
-      "${pytest_args[@]+"${pytest_args[@]}"}")
+args=(-q -ra --timeout=600 --durations=25)
+if (( workers > 0 )); then
+    args+=(-n "$workers" --dist loadgroup)
+fi
+args+=("${paths[@]+"${paths[@]}"}" "${pytest_args[@]+"${pytest_args[@]}"}")
 say "pytest ${args[*]}"
 started=$SECONDS
 rc=0

@@ -303,6 +303,21 @@ class FaultProxy:
         client.sendall(f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\n"
                        f"{connection}Content-Length: {len(xml)}\r\n\r\n".encode() + xml)
 
+    def _read_head(self, src: socket.socket, buffered: bytes
+                   ) -> tuple[bytes, list[str], dict[str, str], bytes]:
+        """The next request's or answer's head from `src`: its bytes, its lines, its
+        fields (lower-case names), and what was read past it."""
+        while b"\r\n\r\n" not in buffered:
+            data = src.recv(_CHUNK)
+            if not data or self._fail:
+                raise OSError("closed")
+            buffered += data
+        head, _, buffered = buffered.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = {k.strip().lower(): v.strip()
+                  for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        return head, lines, fields, buffered
+
     def _pump_requests(self, client: socket.socket, upstream: socket.socket,
                        pending: list[int], asked: deque[tuple[str, str]]) -> None:
         """Client to server, request by request (HTTP/1.1 without pipelining, bodies with
@@ -310,15 +325,7 @@ class FaultProxy:
         buffered = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buffered:
-                    data = client.recv(_CHUNK)
-                    if not data or self._fail:
-                        raise OSError("closed")
-                    buffered += data
-                head, _, buffered = buffered.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                fields = {k.strip().lower(): v.strip()
-                          for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+                head, lines, fields, buffered = self._read_head(client, buffered)
                 length = int(fields.get("content-length", "0"))
                 waits = fields.get("expect", "").lower() == "100-continue"  # body not yet sent
                 answer = self._injected(lines[0].split(" ", 1)[0])
@@ -370,16 +377,8 @@ class FaultProxy:
         buffered = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buffered:
-                    data = upstream.recv(_CHUNK)
-                    if not data or self._fail:
-                        raise OSError("closed")
-                    buffered += data
-                head, _, buffered = buffered.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
+                head, lines, fields, buffered = self._read_head(upstream, buffered)
                 status = int(lines[0].split(" ")[1])
-                fields = {k.strip().lower(): v.strip()
-                          for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
                 client.sendall(head + b"\r\n\r\n")
                 if status < 200:  # 100 Continue: the answer itself follows
                     continue

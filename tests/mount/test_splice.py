@@ -15,6 +15,9 @@ import pytest
 
 from lakefs_mount.fuse.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
+# fs.pipe-max-size is the machine's: one test at a time, in one worker
+pytestmark = pytest.mark.xdist_group("machine")
+
 MiB = 1 << 20
 CAP_SYS_RESOURCE = 24
 

@@ -153,3 +153,17 @@ def test_durability_rows_are_unique_and_every_cited_row_exists():
     }
     unknown = sorted(c for c in cited if c[1] not in ids)
     assert not unknown, f"tests cite rows that docs/durability.md lacks: {unknown}"
+
+
+MACHINE_STATE = ("/etc/fstab", "PIPE_MAX_SIZE", "fuse_device_for", "throwaway_user",
+                 "suite.py")  # what a test may change that the whole machine shares
+
+
+def test_tests_that_change_what_the_machine_shares_run_in_one_worker():
+    """The full suite runs in two xdist workers; a module that touches machine-wide state
+    is in the xdist group "machine", so that one worker runs those one at a time."""
+    unmarked = [
+        str(path.relative_to(REPO)) for path in sorted((REPO / "tests").rglob("test_*.py"))
+        if any(word in path.read_text() for word in MACHINE_STATE)
+        and 'xdist_group("machine")' not in path.read_text()]
+    assert not unmarked, f"modules changing machine-wide state without the mark: {unmarked}"
