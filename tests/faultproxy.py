@@ -18,10 +18,11 @@ of each one's headers, lower case, in the same order.
 parsed PUT whose target contains `contains` (an UploadPart: "partNumber="; a PutObject:
 its key) and forwards it otherwise unchanged, as a bad NIC or middlebox would;
 `corrupted` lists the targets so changed.
-`corrupt_responses(match)` flips one bit in the middle of the body of every 200/206 answer
-to a GET that `match(method, target)` chooses (a bad NIC on the way back), on connections
-made while it is set with `parse_requests = True`; `corrupt_responses(None)` stops it (on
-new connections); `responses_corrupted` lists the targets so changed.
+On connections made with `parse_requests` and `parse_responses` both True, answers are read
+one by one too: `corrupt_responses(match)` flips one bit in the middle of the body of every
+200/206 answer to a GET that `match(method, target)` chooses (a bad NIC on the way back;
+`responses_corrupted` lists the targets so changed), and `hold_responses(match, seconds)`
+delivers the answers to the requests it chooses that much later than S3 gave them.
 `hold_requests(match)` is a black hole for some requests only (those for which
 `match(method, target)` is true, on parsed connections: a listing that never ends while
 S3 answers everything else); `hold_requests(None)` resets the connections it held.
@@ -96,7 +97,10 @@ class FaultProxy:
         self.requests_headers: list[frozenset[str]] = []  # their header names, lower case
         self._corruptions: list[list] = []  # [method, substring of the target, nth]
         self.corrupted: list[str] = []  # targets whose body had a byte flipped
+        self.parse_responses = False  # answers read one by one (corrupt_, hold_responses)
         self._corrupt_answers: Callable[[str, str], bool] | None = None
+        self._answers_held: tuple[Callable[[str, str], bool], float] | None = None
+        self.answers_held = 0  # answers hold_responses delayed so far
         self.responses_corrupted: list[str] = []  # targets whose answer had a bit flipped
         self._fail = False
         self._hang = False
@@ -201,19 +205,24 @@ class FaultProxy:
             self._socks.update((client, upstream))
         pending = [2]  # pumps still running; the last one closes both sockets
         asked: deque[tuple[str, str]] = deque()  # requests forwarded, not yet answered
-        corrupt = self._corrupt_answers if self.parse_requests else None
         if self.parse_requests:
             self._start(self._pump_requests, client, upstream, pending, asked)
         else:
             self._start(self._pump, client, upstream, pending, None)
-        if corrupt is not None:
-            self._start(self._pump_responses, upstream, client, pending, asked, corrupt)
+        if self.parse_requests and self.parse_responses:
+            self._start(self._pump_responses, upstream, client, pending, asked)
         else:
             self._start(self._pump, upstream, client, pending, self.truncate_responses_at)
 
     def corrupt_responses(self, match: Callable[[str, str], bool] | None) -> None:
         """Flip a bit in the body of every answer to a GET (method, target) `match`es."""
         self._corrupt_answers = match
+
+    def hold_responses(self, match: Callable[[str, str], bool] | None,
+                       seconds: float = 0.0) -> None:
+        """Deliver S3's answer to each request (method, target) `match`es `seconds`
+        after S3 gave it (a listing answered before a change, received after it)."""
+        self._answers_held = None if match is None else (match, seconds)
 
     def answer_with(self, status: int, code: str, count: int,
                     methods: frozenset[str] = frozenset({"PUT", "POST"})) -> None:
@@ -369,20 +378,26 @@ class FaultProxy:
             self._pump_done(client, upstream, pending)
 
     def _pump_responses(self, upstream: socket.socket, client: socket.socket,
-                        pending: list[int], asked: deque[tuple[str, str]],
-                        corrupt: Callable[[str, str], bool]) -> None:
-        """Server to client, answer by answer (in the order of `asked`): a bit flipped in
-        the middle of the body of each answer to a GET that `corrupt` chooses. An answer
-        without a Content-Length ends the parsing: the rest is relayed as it comes."""
+                        pending: list[int], asked: deque[tuple[str, str]]) -> None:
+        """Server to client, answer by answer (in the order of `asked`): held back
+        (`hold_responses`), or a bit flipped in the middle of the body of each answer to a
+        GET that `corrupt_responses` chooses. An answer without a Content-Length ends the
+        parsing: the rest is relayed as it comes."""
         buffered = b""
         try:
             while True:
                 head, lines, fields, buffered = self._read_head(upstream, buffered)
                 status = int(lines[0].split(" ")[1])
-                client.sendall(head + b"\r\n\r\n")
                 if status < 200:  # 100 Continue: the answer itself follows
+                    client.sendall(head + b"\r\n\r\n")
                     continue
                 method, target = asked.popleft() if asked else ("", "")
+                hold = self._answers_held
+                if hold is not None and hold[0](method, target):
+                    with self._lock:
+                        self.answers_held += 1
+                    time.sleep(hold[1])  # S3 answered; the answer arrives this much later
+                client.sendall(head + b"\r\n\r\n")
                 if method == "HEAD" or status in (204, 304):
                     continue
                 if "content-length" not in fields:
@@ -391,8 +406,9 @@ class FaultProxy:
                         client.sendall(data)
                     raise OSError("closed")
                 length = int(fields["content-length"])
+                corrupt = self._corrupt_answers
                 flip = (length // 2 if method == "GET" and status in (200, 206) and length
-                        and corrupt(method, target) else -1)
+                        and corrupt is not None and corrupt(method, target) else -1)
                 if flip >= 0:
                     with self._lock:
                         self.responses_corrupted.append(target)

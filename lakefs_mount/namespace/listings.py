@@ -342,7 +342,7 @@ class Listed(Tree):
             existing = self.child(dir_inode, name)
             if existing is not None and not existing.is_dir:
                 self._hide(sub, prefix + name)  # a file shown before the objects below came
-            elif existing is None and not self._removed(prefix + name + "/"):
+            elif existing is None and not self._removed(prefix + name + "/", started):
                 self.add_listed_dir(dir_inode, name)
         for obj in listing.objects:
             name = obj.key[len(listed):]
@@ -353,7 +353,7 @@ class Listed(Tree):
             if existing is not None and existing.is_dir:
                 self._hide(obj.key, prefix + name)
                 continue
-            if existing is None and self._removed(prefix + name):
+            if existing is None and self._removed(prefix + name, started):
                 continue  # unlinked or renamed here; S3 does not know yet
             if existing is None:
                 cf = self.new_remote_file(prefix + name, obj)
@@ -424,8 +424,10 @@ class Listed(Tree):
     def _pending(self, key: str) -> bool:
         return self.names is not None and self.names.creating(key)
 
-    def _removed(self, key: str) -> bool:
-        return self.names is not None and self.names.removing(key)
+    def _removed(self, key: str, listed_since: float | None = None) -> bool:
+        """A change here removes `key`, or (for a listing sent at `listed_since`) removed
+        it after that listing was sent."""
+        return self.names is not None and self.names.removing(key, listed_since)
 
     def _has_local_state(self, inode: Inode) -> bool:
         """True if the entry exists only here so far (pending content, a fresh dir, a

@@ -17,7 +17,7 @@ import functools
 import json
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -49,6 +49,9 @@ KEPT_UPLOAD = "kept-upload"
 # that commit's request may still land after the DELETE, which latewrites watches for)
 QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
 CONCURRENCY = 16
+# A listing answered before a removal landed may still show what it removed: removals are
+# remembered this long after they land (longer than any listing takes).
+LANDED_FOR = 600.0
 # Test hook: a move stops for good between its copy and its delete (a kill -9 there
 # proves the replay); never set outside tests.
 
@@ -108,6 +111,8 @@ class NameLog:
         self._creating: Counter[str] = Counter()  # keys a pending op makes (dir, move dst)
         self._removing: Counter[str] = Counter()  # keys a pending op removes
         self._moved_into: Counter[str] = Counter()  # directories a pending move fills
+        self._landed: OrderedDict[str, float] = OrderedDict()  # key -> when its removal
+        # landed in S3 (time.monotonic()), oldest first, for LANDED_FOR seconds
         self._copy_limiter = trio.CapacityLimiter(CONCURRENCY)
         self._wake = trio.Event()
         self._changed = trio.Event()
@@ -151,6 +156,12 @@ class NameLog:
     def _drop(self, op: NameOp) -> None:
         self.ops.remove(op)
         creates, removes = _effects(op.row)
+        now = time.monotonic()
+        for key in removes:
+            self._landed.pop(key, None)
+            self._landed[key] = now
+        while self._landed and next(iter(self._landed.values())) < now - LANDED_FOR:
+            self._landed.popitem(last=False)
         self._creating.subtract(creates)
         self._removing.subtract(removes)
         self._moved_into.subtract(k for k in creates if op.row.op == MOVE and k.endswith("/"))
@@ -171,9 +182,14 @@ class NameLog:
         return key in self._creating or any(
             key.startswith(d) for d in self._moved_into)
 
-    def removing(self, key: str) -> bool:
-        """A pending change removes `key` (S3 may still show it)."""
-        return key in self._removing
+    def removing(self, key: str, since: float | None = None) -> bool:
+        """A pending change removes `key` (S3 may still show it); with `since` (when a
+        listing was sent, time.monotonic()), also one that landed after it: S3 may have
+        answered the listing before."""
+        if key in self._removing:
+            return True
+        landed = self._landed.get(key)
+        return since is not None and landed is not None and landed >= since
 
     def dirs_made_in(self, prefix: str) -> list[str]:
         """Keys of directories that pending changes make right below `prefix`."""

@@ -42,7 +42,7 @@ class Corrupter:
 def corrupting(s3_server) -> Iterator[tuple[FaultProxy, Corrupter]]:
     corrupter = Corrupter()
     with FaultProxy("127.0.0.1", s3_server.port) as proxy:
-        proxy.parse_requests = True  # before any mount: every connection is parsed
+        proxy.parse_requests = proxy.parse_responses = True  # before any mount
         proxy.corrupt_responses(corrupter)
         yield proxy, corrupter
 

@@ -655,3 +655,33 @@ def test_a_kept_upload_completed_at_the_old_key_moves_after_kill9(
     assert bucket_tree(s3) == {"a": body}
     assert (m.path / "a").read_bytes() == body
     assert _parts_sent(fault_proxy, "a") == 0
+
+
+def test_a_listing_answered_before_an_rmdir_landed_does_not_bring_the_directory_back(
+        mount_factory, fault_proxy):
+    """`mkdir a; mkdir a/b; rmdir a/b; rmdir a` failed now and then with ENOTEMPTY (issue
+    53): a listing of `a` that S3 answered while `a/b/` was still there, and that arrived
+    after the rmdir's DELETE had landed, added `b` back until the next listing. A listing
+    now leaves out what a removal that landed after it was sent took away."""
+    ttl = 2.0
+    fault_proxy.parse_requests = fault_proxy.parse_responses = True
+    m = mount_factory("--metadata-ttl", str(ttl), endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "a" / "b").mkdir(parents=True)
+    assert m.flush().returncode == 0  # both markers in S3
+    late = 3.0  # longer than a lookup waits for a listing before it answers without it
+    fault_proxy.hold_responses(listing("a/", recursive=False), late)
+    time.sleep(ttl + 0.1)
+    lister = threading.Thread(target=lambda: os.listdir(m.path / "a"))
+    sent = time.monotonic()
+    lister.start()  # the listing of a/: S3 answers with a/b/ now, it arrives `late`
+    time.sleep(0.5)
+    (m.path / "a" / "b").rmdir()  # acknowledged; its DELETE lands well before that answer
+    assert m.flush().returncode == 0
+    assert time.monotonic() < sent + late, "the DELETE landed after the listing arrived"
+    lister.join(30)
+    time.sleep(max(0.0, sent + late + 0.3 - time.monotonic()))  # it has arrived, and is
+    fault_proxy.hold_responses(None)  # the directory's listing for `ttl` seconds
+    assert fault_proxy.answers_held >= 1
+    assert "b" not in os.listdir(m.path / "a")
+    (m.path / "a").rmdir()
+    assert m.flush().returncode == 0
