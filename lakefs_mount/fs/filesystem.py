@@ -72,8 +72,18 @@ class FileSystem:
 
     # -- directories and names (Names) ------------------------------------------------
 
+    def _group_in(self, parent_ino: int, gid: int) -> tuple[int, int]:
+        """The group of a new entry of directory `parent_ino` and the mode bits it adds:
+        a set-group-ID directory gives its group, and to a new directory its S_ISGID too
+        (as ext4 and POSIX's BSD semantics: shared directories of a team rely on it)."""
+        parent = self.inodes.inode(parent_ino)
+        if parent.is_dir and parent.dir_mode & stat.S_ISGID:
+            return parent.dir_gid, stat.S_ISGID
+        return gid, 0
+
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Attr:
-        return await self.dirs.mkdir(parent_ino, name, mode, uid, gid)
+        gid, setgid = self._group_in(parent_ino, gid)
+        return await self.dirs.mkdir(parent_ino, name, mode | setgid, uid, gid)
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
         await self.dirs.rmdir(parent_ino, name)
@@ -94,10 +104,12 @@ class FileSystem:
         await self.dirs.unlink(parent_ino, name)
 
     async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Attr:
+        gid = self._group_in(parent_ino, gid)[0]
         return await self.dirs.symlink(parent_ino, name, target, uid, gid)
 
     async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int,
                     gid: int) -> Attr:
+        gid = self._group_in(parent_ino, gid)[0]
         return await self.dirs.mknod(parent_ino, name, mode, rdev, uid, gid)
 
     async def readlink(self, ino: int) -> str:
@@ -183,6 +195,7 @@ class FileSystem:
                      gid: int, passthrough: bool = False) -> tuple[int, Attr]:
         """`passthrough`: the session asks right after for the new open to be served in
         passthrough (`FileSystem.passthrough`)."""
+        gid = self._group_in(parent_ino, gid)[0]
         parent = await self.inodes.new_name(parent_ino, name)
         cf = CachedFile(key=self.ns.key_of(parent) + name, size=0,
                         mode=stat.S_IFREG | (mode & 0o7777), uid=uid, gid=gid,

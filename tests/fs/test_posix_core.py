@@ -230,3 +230,23 @@ def test_hard_links_are_refused_with_eperm(tmp_path):
                 await c.fs.link(ino, ROOT_INO, "b")
             assert _errno(refused) == errno.EPERM
     trio.run(body)
+
+
+def test_a_set_group_id_directory_passes_its_group_on(tmp_path):
+    """Files, links and directories made in a directory with S_ISGID get its group, and a
+    new directory its S_ISGID too (issue 53): a team's shared checkpoint directory."""
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            d = (await c.fs.mkdir(ROOT_INO, "d", 0o775, UID, GID)).ino
+            await c.fs.setattr(d, gid=2000, mode=stat.S_IFDIR | 0o2775)
+            _, f = await c.fs.create(d, "f", 0o644, W, UID, GID)
+            sub = await c.fs.mkdir(d, "sub", 0o755, UID, GID)
+            link = await c.fs.symlink(d, "l", "f", UID, GID)
+            assert (f.gid, link.gid, sub.gid) == (2000, 2000, 2000)
+            assert stat.S_IMODE(sub.mode) == 0o2755
+            deeper = await c.fs.create(sub.ino, "g", 0o644, W, UID, GID)
+            assert deeper[1].gid == 2000  # (sub is set-group-ID in its turn)
+            plain = await c.fs.mkdir(ROOT_INO, "plain", 0o755, UID, GID)
+            _, h = await c.fs.create(plain.ino, "h", 0o644, W, UID, GID)
+            assert (h.gid, stat.S_IMODE(plain.mode)) == (GID, 0o755)
+    trio.run(body)

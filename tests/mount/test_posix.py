@@ -21,6 +21,7 @@ import pytest
 
 from lakefs_mount.namespace.dirattrs import SIDECAR_OVERHEAD
 from lakefs_mount.namespace.dirindex import RESERVED_NAME
+from lakefs_mount.s3.layout import decode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
 from tests.mounting import Mount
@@ -960,3 +961,20 @@ def test_unmount_flushes_pending_writes(mount, s3):
     (mount.path / "late").write_bytes(data)
     unmounted(mount)
     assert body(s3, "late") == data
+
+
+def test_a_set_group_id_directory_passes_its_group_on(work):
+    """As on ext4: files and directories made in a directory with S_ISGID get its group,
+    new directories its S_ISGID too; S3 keeps both (issue 53)."""
+    d = work.path / "d"
+    d.mkdir()
+    os.chown(d, 0, 2000)
+    os.chmod(d, 0o2775)
+    (d / "f").write_bytes(b"f")
+    (d / "sub").mkdir(mode=0o755)
+    st_f, st_sub = os.stat(d / "f"), os.stat(d / "sub")
+    assert (st_f.st_gid, st_sub.st_gid) == (2000, 2000)
+    assert stat.S_IMODE(st_sub.st_mode) == 0o2755
+    work.flush()
+    info = work.head("d/f")
+    assert info is not None and decode_attrs(info.metadata).gid == 2000
