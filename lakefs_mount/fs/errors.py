@@ -2,7 +2,7 @@
 
 `FSError(errno)` is what an operation fails with on purpose; an S3 failure inside a
 namespace operation becomes EIO (`s3_errors`); a name whose key S3 cannot store is
-ENAMETOOLONG before anything changes (`check_key`, `check_dir_key`).
+ENAMETOOLONG before anything changes (`check_key`).
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ async def s3_errors(what: str) -> AsyncIterator[None]:
         raise FSError(errno.EIO, str(exc)) from exc
 
 
-def check_key(key: str) -> None:
-    if not key_fits(key):
+def check_key(key: str, dir_attrs: DirAttrs | None) -> None:
+    """The S3 key of a new name must fit, with the same limit for a file and a directory
+    of that path: a directory's, whose marker ends with "/" and which, on a store that
+    drops the metadata of markers, needs a sidecar key SIDECAR_OVERHEAD bytes longer for
+    its attributes (dirattrs). `key` ends with "/" for a directory."""
+    as_dir = key if key.endswith("/") else key + "/"
+    if not key_fits(as_dir):
         raise FSError(errno.ENAMETOOLONG,
                       f"{key[:60]}... would need an S3 key over {MAX_KEY_BYTES} bytes")
-
-
-def check_dir_key(key: str, dir_attrs: DirAttrs | None) -> None:
-    """A directory's marker and, where the store needs one, its sidecar key must fit."""
-    check_key(key)
-    if dir_attrs is not None and dir_attrs.sidecars and not sidecar_fits(key):
+    if dir_attrs is not None and dir_attrs.sidecars and not sidecar_fits(as_dir):
         raise FSError(errno.ENAMETOOLONG, f"{key[:60]}... leaves no room in S3's "
-                      f"{MAX_KEY_BYTES} bytes for the key of its attributes")
+                      f"{MAX_KEY_BYTES} bytes for the key of a directory's attributes")

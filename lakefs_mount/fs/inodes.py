@@ -14,7 +14,7 @@ import trio
 
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.fs.errors import FSError, check_dir_key, check_key, s3_errors
+from lakefs_mount.fs.errors import FSError, check_key, s3_errors
 from lakefs_mount.fs.renames import Renames, dir_stat
 from lakefs_mount.namespace.dirindex import RESERVED_NAME
 from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, valid_name
@@ -191,10 +191,7 @@ class Inodes:
             raise FSError(errno.EPERM, f"the name {name} is lakefs-mount's own")
         if not valid_name(name):
             raise FSError(invalid or (errno.ENAMETOOLONG if len(name) > 255 else errno.EINVAL))
-        if is_dir:
-            check_dir_key(self.ns.key_of(parent) + name + "/", self.ns.dir_attrs)
-        else:
-            check_key(self.ns.key_of(parent) + name)
+        check_key(self.ns.key_of(parent) + name, self.ns.dir_attrs)
 
     def new_fh(self) -> int:
         fh = self._next_fh

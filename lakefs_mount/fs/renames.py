@@ -17,7 +17,7 @@ import trio
 from lakefs_mount.cache.cachefile import CachedFile, ChunkState
 from lakefs_mount.cache.flusher import Flusher
 from lakefs_mount.cache.manager import CacheManager
-from lakefs_mount.fs.errors import check_dir_key, check_key, s3_errors
+from lakefs_mount.fs.errors import check_key, s3_errors
 from lakefs_mount.namespace.dirattrs import DirStat
 from lakefs_mount.namespace.inode import Inode
 from lakefs_mount.namespace.namelog import DELETE, KEPT_UPLOAD, MOVE, NameLog, dir_arg
@@ -95,10 +95,7 @@ class Renames:
         nodes = [inode, *self.ns.descendants(inode)]
         for node in nodes:
             moved = new_prefix + self.ns.key_of(node)[len(old_prefix):]
-            if node.is_dir:
-                check_dir_key(moved, self.ns.dir_attrs)
-            else:
-                check_key(moved)
+            check_key(moved, self.ns.dir_attrs)
         files = [node.file for node in nodes if node.file is not None]
         async with self._commit_locks(files):  # no commit lands at an old key after this
             for cf in files:

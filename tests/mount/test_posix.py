@@ -874,13 +874,18 @@ def test_name_longer_than_255_bytes_is_enametoolong(work):
 
 def test_name_whose_s3_key_would_pass_1024_bytes_is_enametoolong(work):
     """S3 keys hold at most 1024 bytes. A name that would need a longer key is refused when
-    it is made, instead of taking data whose commit fails for ever (flush never returns 0)."""
+    it is made, instead of taking data whose commit fails for ever (flush never returns 0).
+    The limit is the same for a file and a directory: a directory's key ends with "/", and
+    leaves room for the key of its attributes on a store that drops the metadata of
+    markers, as SeaweedFS does (dirattrs: SIDECAR_OVERHEAD more bytes)."""
+    limit = 1024 - 1 - SIDECAR_OVERHEAD  # of a path's key, on this store
     deep, key = work.path, work.prefix
-    while 1024 - (len(key) + 201) >= 50:
+    while limit - (len(key) + 201) >= 50:
         deep, key = deep / ("d" * 200), key + "d" * 200 + "/"
         deep.mkdir()
-    room = 1024 - len(key)  # 50 <= room <= 250: the longest file name that fits here
+    room = limit - len(key)  # 50 <= room <= 250: the longest name that fits here
     (deep / ("f" * room)).write_bytes(b"fits")
+    (deep / ("h" * room)).mkdir()
 
     def refused(call) -> None:
         with pytest.raises(OSError) as exc:
@@ -888,12 +893,7 @@ def test_name_whose_s3_key_would_pass_1024_bytes_is_enametoolong(work):
         assert exc.value.errno == errno.ENAMETOOLONG
 
     refused(lambda: (deep / ("g" * (room + 1))).write_bytes(b"x"))
-    # a directory's key ends with "/", and leaves room for the key of its attributes on a
-    # store that drops the metadata of markers, as SeaweedFS does (dirattrs)
-    level, level_room = (deep, room) if room > SIDECAR_OVERHEAD + 1 else (deep.parent, room + 201)
-    dir_room = level_room - 1 - SIDECAR_OVERHEAD
-    refused(lambda: (level / ("h" * (dir_room + 1))).mkdir())
-    (level / ("h" * dir_room)).mkdir()
+    refused(lambda: (deep / ("k" * (room + 1))).mkdir())
     refused(lambda: os.symlink("t", deep / ("s" * (room + 1))))
     refused(lambda: os.rename(deep / ("f" * room), deep / ("g" * (room + 1))))
     # a directory whose name fits there, but whose files' keys would not
@@ -905,12 +905,13 @@ def test_name_whose_s3_key_would_pass_1024_bytes_is_enametoolong(work):
     assert not (deep / "m").exists()
     assert (work.path / "mv" / ("c" * 250)).read_bytes() == b"committed"
     assert (work.path / "mv" / ("p" * 250)).read_bytes() == b"pending"
-    # a directory whose attribute index would need a key over the limit gets none (made by
-    # another tool: too deep for a mount to make it, see above)
-    too_deep = deep / ("i" * (room - 30))
+    # a directory at the limit, made by another tool: it lists and reads, and a name made
+    # in it is refused like any other past the limit
+    too_deep = deep / ("i" * room)
     work.s3.put(work.key(str(too_deep.relative_to(work.path)) + "/" + "j" * 20), b"x", {})
     assert wait_for(too_deep.is_dir)
-    (too_deep / ("k" * 20)).write_bytes(b"no index")
+    assert (too_deep / ("j" * 20)).read_bytes() == b"x"
+    refused(lambda: (too_deep / ("k" * 20)).write_bytes(b"refused"))
     work.flush()
     assert work.body(key[len(work.prefix):] + "f" * room) == b"fits"
     assert {k for k in work.keys() if k.startswith("mv/")} == {
