@@ -262,6 +262,22 @@ def test_chunks_of_a_multipart_object_are_checked_against_its_part_table(tmp_pat
     run(body)
 
 
+def test_a_row_written_while_an_upload_is_open_keeps_what_the_upload_needs(tmp_path):
+    """Every write of a file's journal row (a new dirty chunk, new attributes) keeps its
+    open upload's checksum mode and part table: they went back to 0 and NULL, and a
+    recovered upload then completed without its parts' CRCs or its table."""
+    async def body() -> None:
+        async with core(tmp_path) as c:
+            cf = await c.write_file("streamed", random.randbytes(2 * PART + 5))
+            key, upload_id = await c.flusher.uploads.ensure(cf)
+            await c.cache.save_attrs(cf)  # the row again, with the upload open
+            [rec] = c.journal.pending_files()
+            assert (rec.upload_id, rec.upload_key) == (upload_id, key)
+            assert rec.upload_table == cf.upload.table is not None
+            assert rec.upload_checksum == int(cf.upload.checksum)
+    run(body)
+
+
 def test_growing_an_object_never_read_keeps_its_bytes_in_s3(tmp_path):
     """truncate() past the end of an object whose bytes were never fetched: S3 gets the
     old bytes with zeros after them (a small file: in one PutObject, read from the cache
