@@ -152,6 +152,8 @@ class CachedFile:
     uid: int
     gid: int
     mtime_ns: int
+    atime_ns: int | None = None  # set explicitly (utimensat); None: reads as mtime
+    ctime_ns: int = 0  # when its content or attributes last changed; 0: not known (mtime)
     fid: int | None = None  # journal id; also names the cache file
     base: CommittedBase = field(default_factory=CommittedBase)
     upload: OpenUpload = field(default_factory=OpenUpload)
@@ -314,11 +316,17 @@ class CachedFile:
     def touched(self, mtime_ns: int | None = None) -> None:
         """Its content or size changed: at `mtime_ns` (default: now)."""
         self.mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
+        self.ctime_ns = max(self.ctime_ns, self.mtime_ns)
 
     def set_attrs(self, mode: int | None = None, uid: int | None = None,
-                  gid: int | None = None, mtime_ns: int | None = None) -> None:
-        """Attributes set through the mount (chmod, chown, utimens) or read from S3; None
-        keeps one."""
+                  gid: int | None = None, mtime_ns: int | None = None,
+                  atime_ns: int | None = None, ctime_ns: int | None = None) -> None:
+        """Attributes set through the mount (chmod, chown, utimens; the caller says when:
+        `ctime_ns`) or read from S3; None keeps one."""
+        if atime_ns is not None:
+            self.atime_ns = atime_ns
+        if ctime_ns is not None:
+            self.ctime_ns = ctime_ns
         if mode is not None:
             self.mode = mode
         if uid is not None:

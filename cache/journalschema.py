@@ -26,6 +26,8 @@ files      one row per file whose content or attributes are not yet committed in
                FULL_OBJECT): its Complete must give every part's CRC-32C
   upload_table  (v9) the key its object's metadata names for the table of its parts'
                CRC-32C (s3/parttable), written with its Complete; NULL = none
+  atime_ns     (v10) atime set by utimensat; NULL = none (reads as mtime)
+  ctime_ns     (v10) when its content or attributes last changed; 0 = not known (mtime)
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
@@ -89,6 +91,8 @@ class PendingFile:
     passthrough: int = 0  # 1: the kernel may write the cache file directly
     upload_checksum: int = 0  # 1: upload_id's Complete needs every part's CRC-32C
     upload_table: str | None = None  # the key of its table of part CRCs
+    atime_ns: int | None = None  # set explicitly (utimensat); NULL: reads as mtime
+    ctime_ns: int = 0  # when its content or attributes last changed
 
 
 def _migrate_v1(db: sqlite_utils.Database) -> None:
@@ -151,9 +155,14 @@ def _migrate_v9(db: sqlite_utils.Database) -> None:
     db.table("files").add_column("upload_table", str)
 
 
+def _migrate_v10(db: sqlite_utils.Database) -> None:
+    db.table("files").add_column("atime_ns", int)
+    db.table("files").add_column("ctime_ns", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6,
-    _migrate_v7, _migrate_v8, _migrate_v9]
+    _migrate_v7, _migrate_v8, _migrate_v9, _migrate_v10]
 
 
 @dataclass

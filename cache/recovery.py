@@ -87,7 +87,8 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     size = max(rec.size, st.st_size)
     mtime_ns = max(rec.mtime_ns, st.st_mtime_ns) if rec.passthrough else rec.mtime_ns
     cf = CachedFile(key=rec.key, size=size, mode=rec.mode, uid=rec.uid, gid=rec.gid,
-                    mtime_ns=mtime_ns, fid=rec.fid,
+                    mtime_ns=mtime_ns, atime_ns=rec.atime_ns, ctime_ns=rec.ctime_ns,
+                    fid=rec.fid,
                     base=CommittedBase(rec.base_key, rec.base_size or 0),
                     upload=OpenUpload(rec.upload_id, rec.upload_key,
                                       bool(rec.upload_checksum), rec.upload_table),

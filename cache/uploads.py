@@ -88,7 +88,8 @@ class Uploads:
         return result
 
     def metadata(self, cf: CachedFile) -> dict[str, str]:
-        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev)
+        meta = encode_attrs(cf.mode, cf.uid, cf.gid, cf.mtime_ns, cf.rdev, cf.atime_ns,
+                            cf.ctime_ns)
         if cf.symlink is not None:
             meta[META_SYMLINK] = "1"
         if self.writer and cf.fid is not None:

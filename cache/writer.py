@@ -51,7 +51,8 @@ class Writer:
             mtime_ns=cf.mtime_ns, base_key=cf.base.key, base_size=cf.base.size,
             upload_id=cf.upload.id, upload_key=cf.upload.key, symlink=cf.symlink, rdev=cf.rdev,
             passthrough=1 if cf.pt.writers or passthrough else 0,
-            upload_checksum=int(cf.upload.checksum), upload_table=cf.upload.table)
+            upload_checksum=int(cf.upload.checksum), upload_table=cf.upload.table,
+            atime_ns=cf.atime_ns, ctime_ns=cf.ctime_ns)
 
     async def _put_row(self, cf: CachedFile, dirty: list[int] | None = None,
                        passthrough: bool = False) -> None:

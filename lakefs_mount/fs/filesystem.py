@@ -66,9 +66,9 @@ class FileSystem:
 
     async def setattr(self, ino: int, *, size: int | None = None, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None,
-                      mtime_ns: int | None = None) -> Attr:
+                      mtime_ns: int | None = None, atime_ns: int | None = None) -> Attr:
         return await self.inodes.setattr(ino, size=size, mode=mode, uid=uid, gid=gid,
-                                         mtime_ns=mtime_ns)
+                                         mtime_ns=mtime_ns, atime_ns=atime_ns)
 
     # -- directories and names (Names) ------------------------------------------------
 
@@ -206,7 +206,7 @@ class FileSystem:
             self.cache.metrics[m.TEMPORARIES_HELD] += 1
         inode = self.ns.add(parent, name, Kind.FILE, file=cf)
         inode.lookups += 1
-        parent.dir_mtime_ns = cf.mtime_ns
+        parent.entries_changed(cf.mtime_ns)
         cf.openers += 1
         cf.writers += 1
         fh = self.inodes.new_fh()

@@ -44,6 +44,7 @@ class Attr:
     ctime_ns: int
     blocks: int
     rdev: int = 0
+    atime_ns: int = 0
 
 
 @dataclass
@@ -77,11 +78,11 @@ class Inodes:
         if inode.file is not None and self.cache.passthrough.kernel_writes(inode.file):
             self.cache.passthrough.refresh(inode.file)
         size = inode.size
-        mtime = inode.mtime_ns
         return Attr(ino=inode.ino, mode=inode.mode, nlink=_nlink(inode),
-                    uid=inode.uid, gid=inode.gid, size=size, mtime_ns=mtime,
-                    ctime_ns=max(inode.ctime_ns, mtime), blocks=(size + 511) // 512,
-                    rdev=inode.file.rdev if inode.file is not None else 0)
+                    uid=inode.uid, gid=inode.gid, size=size, mtime_ns=inode.mtime_ns,
+                    ctime_ns=inode.changed_ns, blocks=(size + 511) // 512,
+                    rdev=inode.file.rdev if inode.file is not None else 0,
+                    atime_ns=inode.atime_ns)
 
     def inode(self, ino: int) -> Inode:
         try:
@@ -134,14 +135,14 @@ class Inodes:
 
     async def setattr(self, ino: int, *, size: int | None = None, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None,
-                      mtime_ns: int | None = None) -> Attr:
+                      mtime_ns: int | None = None, atime_ns: int | None = None) -> Attr:
         self.writable_fs()
         inode = self.inode(ino)
         await self.getattr(ino)
         if mode is not None:
             mode = (inode.mode & ~0o7777) | (mode & 0o7777)
         if inode.file is None:  # a directory: its marker (or sidecar key) keeps them
-            inode.set_attrs(mode, uid, gid, mtime_ns)
+            inode.set_attrs(mode, uid, gid, mtime_ns, atime_ns)
             if inode.ino != ROOT_INO:
                 await self.save_dir_attrs(inode, replace=True)
             return self.attr(inode)
@@ -158,7 +159,7 @@ class Inodes:
                 await self.cache.truncate(cf, size)
             if mtime_ns is None:
                 mtime_ns = time.time_ns()
-        inode.set_attrs(mode, uid, gid, mtime_ns)
+        inode.set_attrs(mode, uid, gid, mtime_ns, atime_ns)
         await self.cache.save_attrs(cf)
         if cf.writers == 0:
             self.flusher.request_commit(cf, settle=True)

@@ -46,7 +46,7 @@ class Names:
         except FSError:
             self.ns.detach(inode)
             raise
-        parent.dir_mtime_ns = now
+        parent.entries_changed(now)
         inode.lookups += 1
         return self.inodes.attr(inode)
 
@@ -61,7 +61,7 @@ class Names:
         key = self.ns.key_of(inode)
         await self._remove_empty_dir(inode)
         self.ns.index_changed(key)  # its index goes too
-        parent.dir_mtime_ns = time.time_ns()
+        parent.entries_changed(time.time_ns())
 
     async def _remove_empty_dir(self, inode: Inode) -> None:
         """ENOTEMPTY unless S3 and the cache hold nothing below it; then its marker goes
@@ -132,7 +132,7 @@ class Names:
                 await self.cache.discard(cf, row_dropped=bool(keys))
         self.ns.detach(inode)
         self.ns.index_changed(self.ns.key_of(parent))
-        parent.dir_mtime_ns = time.time_ns()
+        parent.entries_changed(time.time_ns())
         if cf.openers == 0:
             self.cache.close_file(cf)
 
@@ -197,7 +197,7 @@ class Names:
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, Kind.SYMLINK, file=cf)
         inode.lookups += 1
-        parent.dir_mtime_ns = cf.mtime_ns
+        parent.entries_changed(cf.mtime_ns)
         self.flusher.request_commit(cf, settle=True)
         return self.inodes.attr(inode)
 
@@ -217,7 +217,7 @@ class Names:
         await self.cache.new_file(cf)
         inode = self.ns.add(parent, name, kind_of(cf), file=cf)
         inode.lookups += 1
-        parent.dir_mtime_ns = cf.mtime_ns
+        parent.entries_changed(cf.mtime_ns)
         self.flusher.request_commit(cf, settle=True)
         return self.inodes.attr(inode)
 
@@ -262,7 +262,8 @@ class Names:
         for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
             self.ns.index_changed(key)
         now = time.time_ns()
-        src_parent.dir_mtime_ns = dst_parent.dir_mtime_ns = now
+        src_parent.entries_changed(now)
+        dst_parent.entries_changed(now)
 
     def _is_within(self, node: Inode, ancestor: Inode) -> bool:
         while True:

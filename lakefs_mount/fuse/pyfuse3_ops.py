@@ -39,7 +39,7 @@ def entry(attr: Attr) -> pyfuse3.EntryAttributes:
     e.st_size = attr.size
     e.st_blksize = BLKSIZE
     e.st_blocks = attr.blocks
-    e.st_atime_ns = attr.mtime_ns
+    e.st_atime_ns = attr.atime_ns
     e.st_mtime_ns = attr.mtime_ns
     e.st_ctime_ns = attr.ctime_ns
     return e
@@ -85,7 +85,8 @@ class FuseOperations(pyfuse3.Operations):
                 mode=attr.st_mode if fields.update_mode else None,
                 uid=attr.st_uid if fields.update_uid else None,
                 gid=attr.st_gid if fields.update_gid else None,
-                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None)
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None)
 
         return entry(await _call(apply))
 

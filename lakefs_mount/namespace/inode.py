@@ -53,7 +53,8 @@ class Inode:
     headed: bool = True  # False: attributes are listing defaults until a HEAD
     indexed_at: float = 0.0  # listed_at when the attribute indexes were last applied
     lookups: int = 0
-    ctime_ns: int = 0
+    ctime_ns: int = 0  # a directory's: when it last changed here (0: not known, its mtime)
+    dir_atime_ns: int | None = None  # a directory's, set explicitly (this mount only)
 
     @property
     def is_dir(self) -> bool:
@@ -76,6 +77,22 @@ class Inode:
         return self.file.mtime_ns if self.file is not None else self.dir_mtime_ns
 
     @property
+    def atime_ns(self) -> int:
+        """As set by utimensat, else the mtime: reads do not change it (noatime)."""
+        atime = self.file.atime_ns if self.file is not None else self.dir_atime_ns
+        return self.mtime_ns if atime is None else atime
+
+    @property
+    def changed_ns(self) -> int:
+        """ctime: when the content or attributes last changed (else the mtime)."""
+        ctime = self.file.ctime_ns if self.file is not None else self.ctime_ns
+        return ctime or self.mtime_ns
+
+    def entries_changed(self, at_ns: int) -> None:
+        """A directory gained, lost or renamed an entry at `at_ns`."""
+        self.dir_mtime_ns = self.ctime_ns = at_ns
+
+    @property
     def size(self) -> int:
         if self.file is None:
             return 0
@@ -84,15 +101,18 @@ class Inode:
         return self.file.size
 
     def set_attrs(self, mode: int | None = None, uid: int | None = None,
-                  gid: int | None = None, mtime_ns: int | None = None) -> None:
+                  gid: int | None = None, mtime_ns: int | None = None,
+                  atime_ns: int | None = None) -> None:
+        """Attributes set through the mount, now: its ctime."""
+        now = time.time_ns()
         if self.file is not None:
-            self.file.set_attrs(mode, uid, gid, mtime_ns)
-        else:
-            for name, value in (("dir_mode", mode), ("dir_uid", uid), ("dir_gid", gid),
-                                ("dir_mtime_ns", mtime_ns)):
-                if value is not None:
-                    setattr(self, name, value)
-        self.ctime_ns = time.time_ns()
+            self.file.set_attrs(mode, uid, gid, mtime_ns, atime_ns, ctime_ns=now)
+            return
+        for name, value in (("dir_mode", mode), ("dir_uid", uid), ("dir_gid", gid),
+                            ("dir_mtime_ns", mtime_ns), ("dir_atime_ns", atime_ns)):
+            if value is not None:
+                setattr(self, name, value)
+        self.ctime_ns = now
 
 
 def valid_name(name: str) -> bool:

@@ -416,7 +416,8 @@ class Listed(Tree):
             return
         self.cache.invalidate(cf)
         cf.object_seen(obj.key, obj.size, obj.etag, time.monotonic())
-        cf.set_attrs(mtime_ns=int(obj.mtime * 1e9))
+        cf.set_attrs(mtime_ns=int(obj.mtime * 1e9), ctime_ns=0)  # (its metadata: a HEAD)
+        cf.atime_ns = None
         cf.base.meta = None
         inode.headed = False
         self.kernel.inode(inode.ino)

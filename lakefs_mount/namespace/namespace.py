@@ -296,6 +296,7 @@ class Namespace(Listed):
         attrs = decode_attrs(info.metadata)
         cf.set_attrs(attrs.mode, attrs.uid, attrs.gid, attrs.mtime_ns if attrs.mtime_ns
                      is not None else int(info.mtime * 1e9))
+        cf.atime_ns, cf.ctime_ns = attrs.atime_ns, attrs.ctime_ns or 0
         cf.rdev = attrs.rdev
         if cf.base.etag != info.etag:
             self.cache.invalidate(cf)

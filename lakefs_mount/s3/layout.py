@@ -22,6 +22,8 @@ META_MODE = "mode"
 META_UID = "uid"
 META_GID = "gid"
 META_MTIME = "mtime"
+META_ATIME = "atime"  # where one was set (utimensat): else atime reads as mtime
+META_CTIME = "ctime"  # when the file's content or attributes last changed
 META_SYMLINK = "symlink"  # "1" marks an object whose body is a symlink target
 META_RDEV = "rdev"  # device number of a character or block device (as s3fs writes it)
 # Which file of which cache wrote an object (`writer_tag`): lakefs-mount's own, so that a
@@ -108,16 +110,26 @@ def writer_tag(writer: str, fid: int) -> str:
     return f"{writer}/{fid}"
 
 
-def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int, rdev: int = 0) -> dict[str, str]:
+def encode_attrs(mode: int, uid: int, gid: int, mtime_ns: int, rdev: int = 0,
+                 atime_ns: int | None = None, ctime_ns: int | None = None) -> dict[str, str]:
     meta = {
         META_MODE: str(mode),
         META_UID: str(uid),
         META_GID: str(gid),
-        META_MTIME: f"{mtime_ns // 10**9}.{mtime_ns % 10**9:09d}",
+        META_MTIME: _seconds(mtime_ns),
     }
     if rdev:
         meta[META_RDEV] = str(rdev)
+    if atime_ns is not None:
+        meta[META_ATIME] = _seconds(atime_ns)
+    if ctime_ns:
+        meta[META_CTIME] = _seconds(ctime_ns)
     return meta
+
+
+def _seconds(ns: int) -> str:
+    """Seconds, exact to the ns, as s3fs and rclone write times."""
+    return f"{ns // 10**9}.{ns % 10**9:09d}"
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,8 @@ class DecodedAttrs:
     mtime_ns: int | None
     is_symlink: bool
     rdev: int = 0
+    atime_ns: int | None = None
+    ctime_ns: int | None = None
 
 
 def _parse_mtime_ns(text: str | None) -> int | None:
@@ -157,4 +171,6 @@ def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
     is_link = meta.get(META_SYMLINK) == "1" or (mode is not None and stat.S_ISLNK(mode))
     special = mode is not None and stat.S_IFMT(mode) in (stat.S_IFCHR, stat.S_IFBLK)
     rdev = (as_int(META_RDEV) or 0) if special else 0
-    return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link, rdev)
+    return DecodedAttrs(mode, as_int(META_UID), as_int(META_GID), mtime_ns, is_link, rdev,
+                        _parse_mtime_ns(meta.get(META_ATIME)),
+                        _parse_mtime_ns(meta.get(META_CTIME)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 import pytest
 import trio
@@ -249,4 +250,42 @@ def test_a_set_group_id_directory_passes_its_group_on(tmp_path):
             plain = await c.fs.mkdir(ROOT_INO, "plain", 0o755, UID, GID)
             _, h = await c.fs.create(plain.ino, "h", 0o644, W, UID, GID)
             assert (h.gid, stat.S_IMODE(plain.mode)) == (GID, 0o755)
+    trio.run(body)
+
+
+def test_an_atime_set_is_kept_and_ctime_is_the_time_of_the_change(tmp_path):
+    """utimensat keeps the atime it is given (reads do not change it: noatime), and ctime
+    is when the change was made, never the time utimensat gave (issue 53); a file's both
+    travel as object metadata (atime, ctime) to the next mount."""
+    atime, mtime = 1_900_000_000 * 10**9, 1_950_000_000 * 10**9
+    store = MemoryObjectStore()
+
+    async def body() -> None:
+        async with filesystem(tmp_path / "a", store) as c:
+            ino = await _write_file(c, ROOT_INO, "f", b"x")
+            before = time.time_ns()
+            attr = await c.fs.setattr(ino, atime_ns=atime, mtime_ns=mtime)
+            assert (attr.atime_ns, attr.mtime_ns) == (atime, mtime)
+            assert before <= attr.ctime_ns <= time.time_ns()
+            assert await _read_file(c, ino) == b"x"
+            assert (await c.fs.getattr(ino)).atime_ns == atime
+            d = (await c.fs.mkdir(ROOT_INO, "d", 0o755, UID, GID)).ino
+            dattr = await c.fs.setattr(d, mtime_ns=mtime)
+            assert dattr.mtime_ns == dattr.atime_ns == mtime and dattr.ctime_ns < mtime
+            ctime = attr.ctime_ns
+            await c.settled()
+            attrs = decode_attrs(c.store.objects[PREFIX + "f"].metadata)
+            assert (attrs.atime_ns, attrs.mtime_ns, attrs.ctime_ns) == (atime, mtime, ctime)
+            fh = await c.fs.open(ino, os.O_WRONLY)
+            await c.fs.write(fh, 0, b"y")  # a write: mtime and ctime now, atime kept
+            await c.fs.release(fh)
+            written = await c.fs.getattr(ino)
+            assert written.atime_ns == atime and ctime <= written.ctime_ns == written.mtime_ns
+            await c.settled()
+        async with filesystem(tmp_path / "b", store) as c:  # another mount: the same times
+            again = await c.fs.lookup(ROOT_INO, "f")
+            assert (again.atime_ns, again.mtime_ns, again.ctime_ns) == (
+                written.atime_ns, written.mtime_ns, written.ctime_ns)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     trio.run(body)

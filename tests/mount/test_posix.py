@@ -979,3 +979,28 @@ def test_a_set_group_id_directory_passes_its_group_on(work):
     work.flush()
     info = work.head("d/f")
     assert info is not None and decode_attrs(info.metadata).gid == 2000
+
+
+def test_utimensat_keeps_atime_and_ctime_is_the_time_of_the_change(work):
+    """`touch -a -d`, `os.utime(p, ns=(a, m))`: atime reads back as set (a read does not
+    change it), ctime is the moment of the change, not the time given (issue 53)."""
+    p = work.path / "f"
+    p.write_bytes(b"x")
+    atime, mtime = 1_900_000_000 * 10**9, 1_950_000_000 * 10**9
+    before = time.time_ns()
+    os.utime(p, ns=(atime, mtime))
+    st = os.stat(p)
+    assert (st.st_atime_ns, st.st_mtime_ns) == (atime, mtime)
+    assert before - 10**9 <= st.st_ctime_ns <= time.time_ns()
+    subprocess.run(["touch", "-a", "-d", "@1800000000", str(p)], check=True)
+    assert p.read_bytes() == b"x"
+    st = os.stat(p)
+    assert (st.st_atime_ns, st.st_mtime_ns) == (1_800_000_000 * 10**9, mtime)
+    d = work.path / "d"
+    d.mkdir()
+    subprocess.run(["touch", "-d", "@1950000000", str(d)], check=True)
+    st = os.stat(d)
+    assert st.st_mtime_ns == mtime and st.st_ctime_ns <= time.time_ns() < mtime
+    work.flush()
+    attrs = decode_attrs(work.head("f").metadata)
+    assert (attrs.atime_ns, attrs.mtime_ns) == (1_800_000_000 * 10**9, mtime)

@@ -55,8 +55,8 @@ _VALID_S, _VALID_NS = wire.split_valid(ATTR_TIMEOUT)
 
 
 def pack_attr(a: Attr) -> bytes:
-    return wire.pack_attr(a.ino, a.size, a.blocks, a.mtime_ns, a.ctime_ns, a.mode, a.nlink,
-                          a.uid, a.gid, a.rdev, BLKSIZE)
+    return wire.pack_attr(a.ino, a.size, a.blocks, a.atime_ns, a.mtime_ns, a.ctime_ns, a.mode,
+                          a.nlink, a.uid, a.gid, a.rdev, BLKSIZE)
 
 
 def entry_out(a: Attr) -> bytes:
@@ -198,20 +198,24 @@ class KernelOps:
         return wire.ATTR_OUT_HEAD.pack(_VALID_S, _VALID_NS, 0) + pack_attr(a)
 
     async def setattr(self, req: Request) -> Reply:
-        (valid, _, _fh, size, _, _atime, mtime, _, _, mtime_ns, _, mode, _, uid, gid,
+        (valid, _, _fh, size, _, atime, mtime, _, atime_ns, mtime_ns, _, mode, _, uid, gid,
          _) = wire.SETATTR_IN.unpack_from(req.arg)
-        new_mtime = None
+        new_mtime = new_atime = None
         if valid & wire.FATTR_MTIME_NOW:
             new_mtime = time.time_ns()
         elif valid & wire.FATTR_MTIME:
             new_mtime = mtime * 1_000_000_000 + mtime_ns
+        if valid & wire.FATTR_ATIME_NOW:
+            new_atime = time.time_ns()
+        elif valid & wire.FATTR_ATIME:
+            new_atime = atime * 1_000_000_000 + atime_ns
         attr = await self.fs.setattr(
             req.nodeid,
             size=size if valid & wire.FATTR_SIZE else None,
             mode=mode if valid & wire.FATTR_MODE else None,
             uid=uid if valid & wire.FATTR_UID else None,
             gid=gid if valid & wire.FATTR_GID else None,
-            mtime_ns=new_mtime)
+            mtime_ns=new_mtime, atime_ns=new_atime)
         return self._attr_out(attr)
 
     async def readlink(self, req: Request) -> Reply:

@@ -94,7 +94,9 @@ FATTR_MODE = 1 << 0
 FATTR_UID = 1 << 1
 FATTR_GID = 1 << 2
 FATTR_SIZE = 1 << 3
+FATTR_ATIME = 1 << 4
 FATTR_MTIME = 1 << 5
+FATTR_ATIME_NOW = 1 << 7
 FATTR_MTIME_NOW = 1 << 8
 
 # OPEN reply flags
@@ -140,12 +142,13 @@ INT_REQ_BIT = 1
 WRITE_DATA_OFFSET = IN_HEADER.size + WRITE_IN.size  # 80: where a WRITE's bytes start
 
 
-def pack_attr(ino: int, size: int, blocks: int, mtime_ns: int, ctime_ns: int, mode: int,
-              nlink: int, uid: int, gid: int, rdev: int, blksize: int) -> bytes:
-    """A `fuse_attr`; atime reads as mtime (noatime semantics, docs/semantics.md)."""
+def pack_attr(ino: int, size: int, blocks: int, atime_ns: int, mtime_ns: int, ctime_ns: int,
+              mode: int, nlink: int, uid: int, gid: int, rdev: int, blksize: int) -> bytes:
+    """A `fuse_attr`."""
+    a_s, a_ns = divmod(atime_ns, 1_000_000_000)
     m_s, m_ns = divmod(mtime_ns, 1_000_000_000)
     c_s, c_ns = divmod(ctime_ns, 1_000_000_000)
-    return ATTR.pack(ino, size, blocks, m_s, m_s, c_s, m_ns, m_ns, c_ns, mode, nlink, uid, gid,
+    return ATTR.pack(ino, size, blocks, a_s, m_s, c_s, a_ns, m_ns, c_ns, mode, nlink, uid, gid,
                      rdev, blksize, 0)
 
 
