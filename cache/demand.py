@@ -30,6 +30,7 @@ class UploadDemand:
         self.wake = trio.Event()
         self._held: dict[CachedFile, float] = {}  # temporary file -> end of its hold
         self.commits: set[CachedFile] = set()  # files whose commit the cache asks for
+        self._passed: dict[CachedFile, set[int]] = {}  # chunks written past while open
 
     def commit(self, cf: CachedFile) -> None:
         """Commit `cf` now (the last writer of it that the daemon did not see has gone)."""
@@ -47,6 +48,16 @@ class UploadDemand:
         self.parts.add((cf, idx))
         self.wake.set()
 
+    def written_past(self, cf: CachedFile, idx: int) -> None:
+        """A write went on beyond full chunk `idx` of a file still being written: upload
+        it now, unless it went up already while the file is open. A file rewritten in
+        place (random writes, the same region over and over) then sends each part once
+        until its last writer closes it, not at every pass: its commit sends the rest."""
+        passed = self._passed.setdefault(cf, set())
+        if idx not in passed:
+            passed.add(idx)
+            self.chunk_full(cf, idx)
+
     def hold(self, cf: CachedFile, seconds: float) -> None:
         """`cf` is a temporary (created as mkstemp creates one): safetensors and tempfile
         users rename it as soon as it is written, and every part sent under its first
@@ -57,6 +68,7 @@ class UploadDemand:
 
     def release(self, cf: CachedFile) -> None:
         """`cf` has its final name, or no writer: its full dirty chunks go up now."""
+        self._passed.pop(cf, None)
         if self._held.pop(cf, None) is not None:
             self._queue_full(cf)
             self.wake.set()

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 COMMIT_ATTEMPTS = 3  # per S3 call inside one commit attempt
 
 
+class PartChanged(Exception):
+    """S3 refused a part (BadDigest) because a write changed the chunk while it was sent:
+    not an S3 error; the chunk is dirty again and goes up later."""
+
+
 class CommitSuperseded(Exception):
     """The file changed while its commit ran, and the commit would need bytes of the
     version it started with: it gives way, and the next commit takes the new content."""
@@ -77,9 +82,10 @@ class Uploads:
             result: object = await self.store.retrying(
                 what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
                 max_attempts=COMMIT_ATTEMPTS)
-        except NoSuchUpload:
+        except (NoSuchUpload, PartChanged):
             # most often a rename's abort of the upload this request was part of: not a
-            # failure of the file (`forget` counts one where its upload vanished)
+            # failure of the file (`forget` counts one where its upload vanished); or a
+            # write changed the part on its way
             raise
         except Exception:
             cf.errors.failed()
@@ -186,9 +192,16 @@ class Uploads:
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self.ensure(cf)
-                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end)
+                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end,
+                                                      lambda: ch.gen != gen)
                 finally:
                     self.demand.in_flight -= 1
+        except PartChanged:
+            log.debug("part %d of %s changed while it was sent; it goes again", idx + 1, cf.key)
+            if ch.state is ChunkState.UPLOADING:
+                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
+            ch.settled.set()
+            return
         except BaseException:
             if ch.state is ChunkState.UPLOADING:
                 self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
@@ -209,7 +222,8 @@ class Uploads:
         self.on_progress()
 
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
-                         start: int, end: int) -> tuple[str, int | None]:
+                         start: int, end: int, changed: Callable[[], bool]
+                         ) -> tuple[str, int | None]:
         """UploadPart of bytes [start, end) of the cache file, streamed in 1 MiB pieces
         (bounded memory whatever the part size); its ETag and the CRC-32C of what it sent.
         The store declares that CRC to S3 (s3/checksums) only in an upload created with
@@ -223,8 +237,13 @@ class Uploads:
             def send() -> str:  # a fresh body for every attempt
                 body = CachePartBody(source, start, end - start)
                 bodies[:] = [body]
-                return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
-                    key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
+                try:
+                    return self.store.sync.upload_part(  # file-like, and a PiecewiseBody
+                        key, upload_id, idx + 1, body, declare)  # type: ignore[arg-type]
+                except ObjectStoreError as exc:
+                    if exc.code == "BadDigest" and changed():  # (a write, not the network)
+                        raise PartChanged from exc
+                    raise
 
             etag = str(await self.call(cf, what, send))
         return etag, bodies[-1].sent_crc
@@ -267,10 +286,13 @@ class Uploads:
         True unless its CRC-32C still matches the cache file."""
         if not ch.verify:
             return False
-        ch.verify = False
+        ch.verify = False  # (before the look: a take-over meanwhile sets it again)
         start = self.parts.chunk_range(idx)[0]
-        return (ch.sent_crc is None
-                or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
+        stale = (ch.sent_crc is None
+                 or await self.cache.cached_crc(cf, start, start + ch.length) != ch.sent_crc)
+        if stale:  # still to check if this commit is superseded before it sends it again:
+            ch.verify = True  # the next one would have taken the old part as it is
+        return stale
 
     async def complete(self, cf: CachedFile, key: str, upload_id: str,
                        parts: list[tuple[int, str]], crcs: list[int | None],

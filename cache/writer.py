@@ -154,6 +154,12 @@ class Writer:
             cf.writes.in_flight -= 1
         for idx in touched:
             cf.chunks[idx].gen += 1
+        # An upload of a touched chunk that ended while these bytes went into the cache
+        # file took (some of) the old ones, and marked the chunk uploaded or committed: it
+        # is dirty again, journalled before this write is acknowledged.
+        stale = [idx for idx in touched if cf.state(idx) not in DIRTY_STATES]
+        if stale:
+            await self.mark_dirty(cf, stale, None)
         if end > cf.size:
             cf.resized(end)
             self.book.grow_held(cf, touched)
@@ -163,7 +169,7 @@ class Writer:
         if first > 0:
             prev = cf.chunks.get(first - 1)
             if prev is not None and prev.state is ChunkState.DIRTY:
-                self.demand.chunk_full(cf, first - 1)
+                self.demand.written_past(cf, first - 1)
         return len(data)
 
     async def _drop_unacknowledged_tail(self, cf: CachedFile) -> None:
