@@ -20,21 +20,11 @@ import argparse
 import json
 import os
 import random
-import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import boto3
-
-from benchmarks.targets import (
-    LakefsTarget,
-    create_warm_bucket,
-    delete_bucket,
-    start_embedded_s3,
-    use_bench_credentials,
-)
+from benchmarks.targets import LakefsTarget, create_warm_bucket, delete_bucket, embedded_session
 
 MiB = 1024 * 1024
 RESULTS = Path(__file__).resolve().parent / "results" / "amplification"
@@ -112,12 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    use_bench_credentials()
-    work = Path(tempfile.mkdtemp(prefix="lm-amplification-"))
-    server = start_embedded_s3(work / "s3")
-    client = boto3.client("s3", endpoint_url=server.endpoint_url)
     ratios: dict[str, list[float]] = {w: [] for w in GOALS}
-    try:
+    with embedded_session("lm-amplification-") as (work, server, client):
         for r in range(args.rounds):
             bucket = create_warm_bucket(client, f"amplification-{r}")
             target = LakefsTarget(work / f"m{r}", server.endpoint_url, bucket, "auto",
@@ -133,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
             delete_bucket(client, bucket)
             print(f"round {r + 1}: " + ", ".join(
                 f"{w} {v[-1]:.2f} x" for w, v in ratios.items()), flush=True)
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
     summary: dict[str, Any] = {"files": args.files, "mib": args.mib, "ops": args.ops,
                                "ratios": ratios}
     ok = True

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,26 @@ def use_bench_credentials() -> None:
 def start_embedded_s3(state_dir: Path, timeout: float = 120) -> EmbeddedS3:
     """The benchmarks' SeaweedFS on 127.0.0.1 (the one place that knows where it lives)."""
     return EmbeddedS3(state_dir).start(timeout=timeout)
+
+
+@contextlib.contextmanager
+def embedded_session(prefix: str) -> Iterator[tuple[Path, EmbeddedS3, Any]]:
+    """A scratch directory, the benchmark's SeaweedFS in it and a boto3 client of it, for
+    one benchmark run: all gone afterwards, however it ends."""
+    import tempfile
+
+    import boto3
+
+    use_bench_credentials()
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        server = start_embedded_s3(work / "s3")
+        try:
+            yield work, server, boto3.client("s3", endpoint_url=server.endpoint_url)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def create_warm_bucket(client: Any, name: str) -> str:
