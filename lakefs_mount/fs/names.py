@@ -229,9 +229,15 @@ class Names:
             raise FSError(errno.EINVAL)
         if cf.symlink is None:
             assert cf.base.key is not None
-            async with s3_errors(f"GET {cf.base.key}"):
-                body = await self.store.get_range(cf.base.key, 0, max(cf.base.size, 1))
-            cf.symlink = body.decode(errors="surrogateescape")
+            body = bytearray(cf.base.size)
+
+            def write(offset: int, piece: bytes) -> None:  # (a retry writes it again)
+                body[offset:offset + len(piece)] = piece
+
+            async with s3_errors(f"GET {cf.base.key}"):  # checked as any read (whole)
+                got = await self.store.get_range_into(cf.base.key, 0, cf.base.size, write,
+                                                      whole=True)
+            cf.symlink = bytes(body[:got]).decode(errors="surrogateescape")
         return cf.symlink
 
     async def rename(self, parent_old: int, name_old: str, parent_new: int, name_new: str,

@@ -174,13 +174,6 @@ class AsyncStore:
             self.metrics[m.BYTES_VERIFIED if checked else m.BYTES_UNVERIFIED] += got[0].size
         return got
 
-    async def get_range(self, key: str, start: int, end: int) -> bytes:
-        self.metrics[m.GETS] += 1
-        data = await self.retrying(f"GET {key}", self.sync.get_range, key, start, end,
-                                   max_attempts=4)
-        self.metrics[m.BYTES_DOWNLOADED] += len(data)
-        return data
-
     async def get_range_into(self, key: str, start: int, end: int,
                              write: Callable[[int, bytes], None], expect_crc: int | None = None,
                              whole: bool = False) -> int:
