@@ -10,8 +10,8 @@
 #
 # The whole suite runs in LAKEFS_MOUNT_TEST_WORKERS pytest-xdist workers (default 2; 0 runs
 # it in this process): most tests wait on S3, FUSE and the clock. Tests that change what
-# the machine shares (/etc/fstab, /dev/fuse's ACL, users, fs.pipe-max-size) are in the
-# xdist group "machine", which one worker runs. A slice, the fast tier and
+# the machine shares (/etc/fstab, /dev/fuse's ACL, users, fs.pipe-max-size) hold the
+# `machine` lock (tests/conftest.py) one at a time. A slice, the fast tier and
 # --write-reliability (its rows are collected in one process) run in this process.
 #
 # Runs packaging/setup.sh (Debian packages, /dev/fuse, a venv with the test extras) into a
@@ -72,7 +72,7 @@ fi
 # --durations: the slowest tests of every run, where the suite's time goes
 args=(-q -ra --timeout=600 --durations=25)
 if (( workers > 0 )); then
-    args+=(-n "$workers" --dist loadgroup)
+    args+=(-n "$workers")
 fi
 args+=("${paths[@]+"${paths[@]}"}" "${pytest_args[@]+"${pytest_args[@]}"}")
 say "pytest ${args[*]}"

@@ -9,6 +9,7 @@ Fixtures:
                   `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
   mount_factory   (function) makes started `mounting.Mount`s of `bucket`; cleans them up.
   mount           (function) one started Mount of `bucket`.
+  machine         (function) held by a test that changes what the machine shares.
   reliability     (function) records a fault scenario's measured row; docs/reliability.md
                   is rewritten from them at the end of the session (tests/reliability.py).
 """
@@ -16,6 +17,7 @@ Fixtures:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -111,6 +113,23 @@ def fault_proxy(s3_server: EmbeddedS3) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+MACHINE_LOCK = Path(tempfile.gettempdir()) / "lakefs-mount-tests-machine.lock"
+
+
+@pytest.fixture
+def machine() -> Iterator[None]:
+    """Held for the whole test, by the tests that change what the machine shares
+    (/etc/fstab, /dev/fuse's ACL and users, fs.pipe-max-size): one of them at a time, also
+    with the suite in several xdist workers. A module of them says
+    `pytestmark = pytest.mark.usefixtures("machine")` (taken before its own fixtures)."""
+    with MACHINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

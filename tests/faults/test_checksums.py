@@ -24,7 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from lakefs_mount.namespace.dirindex import INDEX_FOLDER
-from lakefs_mount.publish.manifest import MANIFEST_NAME, encode_crc
+from lakefs_mount.publish.manifest import MANIFEST_NAME, SELF_CHECK, canonical, encode_crc
 from lakefs_mount.s3 import trailer
 from lakefs_mount.s3.embedded import EmbeddedS3
 from lakefs_mount.s3.store import S3ObjectStore
@@ -243,8 +243,10 @@ def test_verify_takes_s3s_stored_checksums_and_reads_back_only_what_has_none(
     for entry in manifest["files"]:  # keep the listing's check quiet: only the CRC differs
         if entry["key"] == "config.json":
             entry["etag"] = etag
+    del manifest[SELF_CHECK]  # (edited as a whole: its own CRC-32C made again)
+    manifest[SELF_CHECK] = encode_crc(crc32c.crc32c(canonical(manifest)))
     client.put_object(Bucket=s3.bucket, Key="ck/.lakefs-commit.json",
-                      Body=json.dumps(manifest).encode())
+                      Body=canonical(manifest))
     proc = cli("verify", "--json", f"s3://{s3.bucket}/ck/", "--endpoint-url",
                s3_server.endpoint_url)
     report = json.loads(proc.stdout)

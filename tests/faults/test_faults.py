@@ -463,7 +463,9 @@ def _interrupt(args: list[str], sig: int, delay: float) -> subprocess.CompletedP
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-OUR_CODE = str(Path(lakefs_mount.__file__).resolve().parent.parent)  # the checkout
+# the package as its frames show it (not the checkout: a venv inside it holds the console
+# script pip wrote, whose `from lakefs_mount.cli import main` a signal may interrupt)
+OUR_CODE = str(Path(lakefs_mount.__file__).parent) + "/"
 
 
 def _before_our_code(stderr: str) -> bool:

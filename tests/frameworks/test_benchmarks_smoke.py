@@ -20,8 +20,8 @@ import pytest
 from benchmarks.report import fill_ratios, point
 from lakefs_mount.fuse.splice import PIPE_MAX_SIZE, writes_can_splice
 
-# the benchmarks set fs.pipe-max-size and /dev/fuse's ACL, the machine's: in one worker
-pytestmark = pytest.mark.xdist_group("machine")
+# the benchmarks set fs.pipe-max-size and /dev/fuse's ACL: one at a time (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("machine")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ("checkpoint_write", "time_to_durable", "restore", "small_files", "resources")

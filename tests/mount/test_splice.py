@@ -15,8 +15,8 @@ import pytest
 
 from lakefs_mount.fuse.splice import PIPE_BYTES_NEEDED, PIPE_MAX_SIZE
 
-# fs.pipe-max-size is the machine's: one test at a time, in one worker
-pytestmark = pytest.mark.xdist_group("machine")
+# fs.pipe-max-size is the machine's: one test at a time (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("machine")
 
 MiB = 1 << 20
 CAP_SYS_RESOURCE = 24

@@ -20,8 +20,8 @@ from lakefs_mount.cli.mount_options import HelperError, mount_arguments, transla
 from lakefs_mount.ops.mountpoint import is_mounted
 from tests.ops.test_mountpoint import needs_fuse, needs_root
 
-# /etc/fstab and /sbin's helper link are the machine's: one test at a time, in one worker
-pytestmark = pytest.mark.xdist_group("machine")
+# /etc/fstab and /sbin's helper link are the machine's: one test at a time (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("machine")
 
 HELPER_LINK = Path("/sbin/mount.fuse.lakefs-mount")
 HELPER = Path(sys.executable).parent / "mount.fuse.lakefs-mount"

@@ -20,8 +20,8 @@ import pytest
 from benchmarks.asuser import FUSE_DEVICE, User, fuse_device_for, throwaway_user, wait_gone
 from lakefs_mount.ops.mountpoint import find_mount, is_mounted
 
-# /dev/fuse's ACL and useradd are the machine's: one test at a time, in one worker
-pytestmark = pytest.mark.xdist_group("machine")
+# /dev/fuse's ACL and useradd are the machine's: one test at a time (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("machine")
 
 NOBODY = 65534
 
