@@ -196,17 +196,14 @@ class Uploads:
                                                       lambda: ch.gen != gen)
                 finally:
                     self.demand.in_flight -= 1
-        except PartChanged:
+        except BaseException as exc:
+            if ch.state is ChunkState.UPLOADING:
+                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
+            ch.settled.set()
+            if not isinstance(exc, PartChanged):
+                raise
             log.debug("part %d of %s changed while it was sent; it goes again", idx + 1, cf.key)
-            if ch.state is ChunkState.UPLOADING:
-                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
-            ch.settled.set()
             return
-        except BaseException:
-            if ch.state is ChunkState.UPLOADING:
-                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
-            ch.settled.set()
-            raise
         self.metrics[m.PARTS_UPLOADED] += 1
         self.metrics[m.BYTES_UPLOADED] += end - start
         current = cf.upload.id == upload_id  # not aborted by a rename meanwhile
@@ -300,20 +297,15 @@ class Uploads:
         """CompleteMultipartUpload (with every part's CRC and the whole object's, where
         the upload was created to need them), and meanwhile the PUT of the table of the
         parts' CRCs that the object's metadata names."""
-        etag: list[str] = []
-
-        async def complete() -> None:
-            listed = crcs if cf.upload.checksum else None  # (then all known: see above)
-            etag.append(str(await self.call(
-                cf, f"CompleteMultipartUpload {key}", self.store.sync.complete_multipart, key,
-                upload_id, parts, listed, full_crc if cf.upload.checksum else None,
-                places_object=True)))
-
+        checksum = cf.upload.checksum  # (then every CRC is known: see part_for_commit)
         async with trio.open_nursery() as nursery:
             if cf.upload.table is not None:
                 nursery.start_soon(self._put_table, cf, cf.upload.table, crcs, size)
-            await complete()
-        return etag[0]
+            etag = await self.call(
+                cf, f"CompleteMultipartUpload {key}", self.store.sync.complete_multipart, key,
+                upload_id, parts, crcs if checksum else None, full_crc if checksum else None,
+                places_object=True)
+        return str(etag)
 
     async def _put_table(self, cf: CachedFile, table_key: str, crcs: list[int | None],
                          size: int) -> None:
