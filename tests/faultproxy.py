@@ -34,7 +34,7 @@ connections) for `seconds` before it is forwarded, or until `release_keys()`: on
 directory's uploads wait while the others' go through; `requests_held` counts the
 requests that have waited so far; `delay_requests(match, seconds)` does the same for the
 requests (method, target) that `match` chooses (a listing of one prefix, a GET but not a
-DELETE of one key).
+DELETE of one key); with `whole=True` it holds them once their whole body is in.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ class FaultProxy:
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._delayed: list[tuple[Callable[[str, str], bool], float, threading.Event]] = []
+        self._delayed: list[tuple[Callable[[str, str], bool], float, threading.Event,
+                                  bool]] = []
         self.requests_held = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -279,30 +280,45 @@ class FaultProxy:
         self.delay_requests(lambda method, target: key_of(target).startswith(prefix), seconds)
 
     def delay_requests(self, match: Callable[[str, str], bool],
-                       seconds: float = math.inf) -> threading.Event:
+                       seconds: float = math.inf, whole: bool = False) -> threading.Event:
         """Hold the requests (method, target) that `match`es for `seconds` each before
-        forwarding them, or until `release_keys()` or until the returned event is set."""
+        forwarding them, or until `release_keys()` or until the returned event is set.
+        `whole`: held once the proxy has the whole body (it answers `Expect: 100-continue`
+        itself), so the request lands even if its sender dies while it is held."""
         released = threading.Event()
         with self._lock:
-            self._delayed.append((match, seconds, released))
+            self._delayed.append((match, seconds, released, whole))
         return released
 
     def release_keys(self) -> None:
         """Forward the held requests now, and hold no more."""
         with self._lock:
             held, self._delayed = self._delayed, []
-        for _, _, released in held:
+        for _, _, released, _ in held:
             released.set()
 
-    def _delay_if_held(self, method: str, target: str) -> None:
+    def _delay_if_held(self, method: str, target: str, client: socket.socket,
+                       buffered: bytes, length: int, waits: bool) -> bytes:
+        """Hold the request if it is to be held; returns what was read of its body."""
         with self._lock:
-            hold = next(((seconds, released) for match, seconds, released in self._delayed
+            hold = next(((seconds, released, whole)
+                         for match, seconds, released, whole in self._delayed
                          if match(method, target)), None)
-            if hold is not None:
-                self.requests_held += 1
-        if hold is not None:
-            seconds, released = hold
-            released.wait(None if seconds == math.inf else seconds)
+        if hold is None:
+            return buffered
+        seconds, released, whole = hold
+        if whole:
+            if waits:
+                client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while len(buffered) < length:
+                data = client.recv(_CHUNK)
+                if not data:
+                    raise OSError("closed")
+                buffered += data
+        with self._lock:
+            self.requests_held += 1
+        released.wait(None if seconds == math.inf else seconds)
+        return buffered
 
     @staticmethod
     def _answer(client: socket.socket, status: int, code: str, close: bool) -> None:
@@ -352,7 +368,8 @@ class FaultProxy:
                         pass
                     raise OSError("closed")
                 if answer is None:
-                    self._delay_if_held(method, target)
+                    buffered = self._delay_if_held(method, target, client, buffered, length,
+                                                   waits)
                     asked.append((method, target))
                     upstream.sendall(head + b"\r\n\r\n")
                 elif waits:

@@ -264,7 +264,9 @@ def test_a_commit_a_killed_daemon_had_under_way_never_brings_an_unlinked_file_ba
         return ("uploadId=" in target and method == "POST") if multipart else (
             method == "PUT" and "partNumber=" not in target)
 
-    released = fault_proxy.delay_requests(the_commit)
+    # held with its whole body: the request S3 gets later is complete (a sender killed
+    # before its body left would leave the proxy nothing to send)
+    released = fault_proxy.delay_requests(the_commit, whole=True)
     (m.path / "victim").write_bytes(os.urandom(size))
     _wait_until(lambda: fault_proxy.requests_held >= 1, "the commit's request held")
     os.unlink(m.path / "victim")
@@ -296,7 +298,7 @@ def test_a_file_whose_commit_landed_unrecorded_before_kill9_leaves_no_object_beh
     fault_proxy.parse_requests = True
     m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
     released = fault_proxy.delay_requests(
-        lambda method, target: method == "PUT" and "/victim" in target)
+        lambda method, target: method == "PUT" and "/victim" in target, whole=True)
     body = os.urandom(100_000)
     (m.path / "victim").write_bytes(body)
     _wait_until(lambda: fault_proxy.requests_held >= 1, "the commit's request held")
