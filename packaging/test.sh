@@ -53,8 +53,9 @@ elif (( ! has_path )); then
     (( serial )) || workers="${LAKEFS_MOUNT_TEST_WORKERS:-2}"
 fi
 
-# systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs)
-LAKEFS_MOUNT_NO_LINKS=1 LAKEFS_MOUNT_EXTRA_DEBS="systemd" bash "$REPO/packaging/setup.sh"
+# systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs);
+# openssl: the CA the https profiles make for a run (benchmarks/tlsca.py)
+LAKEFS_MOUNT_NO_LINKS=1 LAKEFS_MOUNT_EXTRA_DEBS="systemd openssl" bash "$REPO/packaging/setup.sh"
 cd "$REPO"
 
 say "ruff check ."

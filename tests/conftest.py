@@ -7,6 +7,9 @@ Fixtures:
   s3              (function) S3ObjectStore for `bucket`.
   fault_proxy     (function) FaultProxy in front of s3_server (`.endpoint_url`,
                   `.delay_seconds`, `.fail`, `.bandwidth_bytes_per_s`).
+  served          (session) another SeaweedFS reached as a network profile of
+                  benchmarks/profiles.py (indirect parameter: its name; "region" by
+                  default): https with a CA of its own, a round trip and a bandwidth.
   mount_factory   (function) makes started `mounting.Mount`s of `bucket`; cleans them up.
   mount           (function) one started Mount of `bucket`.
   machine         (function) held by a test that changes what the machine shares.
@@ -28,7 +31,9 @@ from typing import Any
 
 import pytest
 
-from lakefs_mount.s3.embedded import EmbeddedS3
+from benchmarks.profiles import PROFILES, Served
+from benchmarks.profiles import start as start_served
+from lakefs_mount.s3.embedded import EmbeddedS3, generated_keys
 from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
 from tests.faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
@@ -57,8 +62,9 @@ def _isolated_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         yield
 
 
-def _start(state_dir: Path, **kwargs: str) -> EmbeddedS3:
-    server = EmbeddedS3(state_dir, **kwargs)
+def _start(state_dir: Path, access_key: str | None = None,
+           secret_key: str | None = None) -> EmbeddedS3:
+    server = EmbeddedS3(state_dir, access_key=access_key, secret_key=secret_key)
     server.start(timeout=60)  # stops weed itself when start fails
     return server
 
@@ -83,6 +89,18 @@ def s3_auth_server(tmp_path_factory: pytest.TempPathFactory,
         yield server
     finally:
         server.stop(timeout=STOP_GRACE_SECONDS)
+
+
+@pytest.fixture(scope="session")
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           _isolated_aws_env: None) -> Iterator[Served]:
+    profile = PROFILES[getattr(request, "param", "region")]
+    served = start_served(profile, tmp_path_factory.mktemp(f"served-{profile.name}"),
+                          **generated_keys(), timeout=60)
+    try:
+        yield served
+    finally:
+        served.stop(timeout=STOP_GRACE_SECONDS)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from lakefs_mount.logsetup import LOG_MAX_BYTES, rotate_log
 from lakefs_mount.s3.objectstore import ObjectStoreError
@@ -65,7 +65,12 @@ class EmbeddedS3Error(ObjectStoreError):
     """The embedded server could not be found, started or reached."""
 
 
-def generated_keys() -> dict[str, str]:
+class Keys(TypedDict):
+    access_key: str
+    secret_key: str
+
+
+def generated_keys() -> Keys:
     """A fresh access key and secret for one start of a private server (`EmbeddedS3`
     keyword arguments). With keys, weed requires signatures, and only then does it take a
     part's CRC-32C as an aws-chunked trailer (s3/checksums): parts are read once."""
@@ -178,15 +183,19 @@ class EmbeddedS3:
     `access_key`/`secret_key` the server requires those credentials (weed gets them in
     its environment, never in its argv); while it runs, `credentials_path` (0600) holds
     them as an AWS credentials file for other tools. Without, it accepts any signature.
+    With `tls` (certificate file, key file) it also serves https on `https_port`.
     """
 
     def __init__(self, state_dir: Path, *, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None, tls: tuple[Path, Path] | None = None
+                 ) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         self.state_dir = Path(state_dir)
         self.access_key = access_key
         self.secret_key = secret_key
+        self.tls = tls
+        self._roles = _PORT_ROLES + (("s3_https",) if tls is not None else ())
         self._ports: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
@@ -199,6 +208,13 @@ class EmbeddedS3:
         if "s3" not in self._ports:
             raise EmbeddedS3Error("the embedded S3 server is not started")
         return self._ports["s3"]
+
+    @property
+    def https_port(self) -> int:
+        """The S3 https port (with `tls`, once started)."""
+        if "s3_https" not in self._ports:
+            raise EmbeddedS3Error("the embedded S3 server serves no https")
+        return self._ports["s3_https"]
 
     @property
     def ports(self) -> dict[str, int]:
@@ -263,10 +279,10 @@ class EmbeddedS3:
         saved = self.state_dir / "ports.json"
         with contextlib.suppress(OSError, ValueError, TypeError):
             ports = json.loads(saved.read_text())
-            if (set(ports) == set(_PORT_ROLES) and len(set(ports.values())) == len(ports)
+            if (set(ports) == set(self._roles) and len(set(ports.values())) == len(ports)
                     and all(_is_free(int(p)) for p in ports.values())):
                 return {k: int(v) for k, v in ports.items()}
-        ports = dict(zip(_PORT_ROLES, _free_ports(len(_PORT_ROLES)), strict=True))
+        ports = dict(zip(self._roles, _free_ports(len(self._roles)), strict=True))
         saved.write_text(json.dumps(ports))
         return ports
 
@@ -300,7 +316,8 @@ class EmbeddedS3:
             # volumes are sparse files; 0 = as many as fit on the disk
             "-volume.max=0", "-master.volumeSizeLimitMB=1024",
             "-volume.preStopSeconds=0",
-        ]
+        ] + ([f"-s3.port.https={p['s3_https']}", f"-s3.cert.file={self.tls[0]}",
+              f"-s3.key.file={self.tls[1]}"] if self.tls is not None else [])
 
     def _environment(self) -> dict[str, str]:
         """weed's environment: no AWS_* from ours, except the credentials we choose.
