@@ -49,6 +49,7 @@ from typing import Any
 
 from benchmarks import ckpt_report, guestmem
 from benchmarks.ckpt_ranks import DataError, serve
+from benchmarks.profiles import PROFILES, add_profile_argument
 from benchmarks.s3config import s3_config
 from benchmarks.suite import machine
 from benchmarks.targets import (
@@ -196,7 +197,7 @@ class Bench:
     def start(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
-        self.server = start_embedded_s3(self.work / "seaweedfs")
+        self.server = start_embedded_s3(self.work / "seaweedfs", profile=self.args.profile)
         import boto3
 
         self.client = boto3.client("s3", endpoint_url=self.server.endpoint_url,
@@ -204,8 +205,8 @@ class Bench:
         self.s3tc = self.s3tc_usable()
         self.peer_bins, found = find_peers(self.args.peers)
         self.notes += [f"{name}: {what}" for name, what in found.items()]
-        self.log(f"SeaweedFS at {self.server.endpoint_url}; building {self.args.ranks} "
-                 f"rank(s) of {self.args.mib} MiB")
+        self.log(f"SeaweedFS at {self.server.endpoint_url}, {self.server.profile}; "
+                 f"building {self.args.ranks} rank(s) of {self.args.mib} MiB")
         self.pool = RankPool(self.args.ranks, self.args.mib, self.server.endpoint_url)
         self.log("ranks ready")
         for session in self.args.sessions:
@@ -519,6 +520,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-checkpoint",
                     help="scratch dir on the cache disk (wiped); the mounts are under it")
     ap.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    add_profile_argument(ap)
     guestmem.add_arguments(ap)
     ap.add_argument("--point-timeout", type=float, default=60,
                     help="seconds a save or load may take, plus 120 s per GiB of it; "
@@ -529,7 +531,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.peers = a.peers or ("none" if a.quick else "auto")
     a.sessions = [s for s in (a.sessions or ("native" if a.quick else "native,pyfuse3"))
                   .split(",") if s]
-    a.out = a.out or str(HERE / "results" / ("checkpoint-quick" if a.quick else "checkpoint"))
+    a.out = a.out or str(HERE / "results" / ("checkpoint-quick" if a.quick else "checkpoint")
+                         ) + ("" if a.profile == "lan" else f"-{a.profile}")
     return a
 
 
@@ -545,6 +548,7 @@ def write_results(bench: Bench, started: float, rounds: int, fatal: str = "",
     a = bench.args
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": bench.commit, "machine": machine(), "mib_per_rank": a.mib,
+            "profile": str(PROFILES[a.profile]),
             "runs": rounds, "ranks": a.ranks, "sessions": a.sessions,
             "peers": list(bench.peer_bins),
             "elapsed_s": time.monotonic() - started, "notes": bench.notes}

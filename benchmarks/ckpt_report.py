@@ -169,7 +169,8 @@ def markdown(results: dict[str, Any]) -> str:
     meta, m = results["meta"], results["meta"]["machine"]
     lines = [f"Run {meta['date']} at {meta['commit']} on `{m['hostname']}`: {m['nproc']} CPUs,"
              f" {m['mem_gib']:.0f} GiB RAM, kernel {m['kernel']}; {meta['mib_per_rank']} MiB "
-             f"per rank, {meta['runs']} round(s), medians of per-round ratios "
+             f"per rank, {meta['runs']} round(s), network "
+             f"{meta.get('profile', 'lan')}, medians of per-round ratios "
              f"(median s [min-max]); {meta['elapsed_s']:.0f} s in all.", "", *table(results),
              "", "Goals:", ""]
     lines += [f"- {'PASS' if g['pass'] else 'FAIL'} {g['text']}" for g in results["goals"]]

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.rounds):
             bucket = create_warm_bucket(client, f"outage-{r}")
-            with FaultProxy("127.0.0.1", server.port) as proxy:
+            with FaultProxy("127.0.0.1", server.server.port) as proxy:
                 target = LakefsTarget(work / f"m{r}", proxy.endpoint_url, bucket, "auto",
                                       options=("--metadata-ttl", "1"), session="auto")
                 target.start()

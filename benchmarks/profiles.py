@@ -14,6 +14,7 @@ refuses aws-chunked uploads over https), so a TLS profile's server has keys, as 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ PROFILES = {p.name: p for p in (
 )}
 
 
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", choices=PROFILES, default="lan",
+                        help="the network between the mounts and S3: " + "; ".join(
+                            str(p) for p in PROFILES.values()) + " (default lan)")
+
+
 @dataclass
 class Served:
     """A running S3 server as one profile reaches it."""
@@ -53,6 +60,11 @@ class Served:
     endpoint_url: str  # for the mount and every client
     ca_bundle: Path | None  # the CA to trust (AWS_CA_BUNDLE), with TLS
     link: Link | None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process."""
+        return self.server.pid
 
     def client_env(self) -> dict[str, str]:
         """What a client's environment needs to reach the endpoint: the CA to trust, for

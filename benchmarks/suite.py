@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import guestmem, report
+from benchmarks.profiles import add_profile_argument
 from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     JuiceFSTarget,
@@ -726,7 +727,7 @@ class Suite:
         self.log(f"peers: {self.peers}")
         pipe_max_size = self.tune_pipe_max_size()
         try:
-            self.s3 = start_embedded_s3(self.work / "seaweedfs")
+            self.s3 = start_embedded_s3(self.work / "seaweedfs", profile=a.profile)
             self.client = self.s3_client(64)
             try:
                 self._workloads()
@@ -1028,6 +1029,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     r.add_argument("--workdir", default="/var/tmp/lakefs-mount-bench",
                    help="scratch dir on the cache disk (wiped)")
     r.add_argument("--keep", action="store_true", help="keep the scratch dir")
+    add_profile_argument(r)
     guestmem.add_arguments(r)
     a = ap.parse_args(argv)
     quick = {"writers": 4, "file_mib": 64, "small_files": 1000, "read_files": 500, "runs": 1}
@@ -1041,7 +1043,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if a.read_files < 0 or a.read_kib < 1:
         ap.error("--read-files must be >= 0 and --read-kib >= 1")
     if a.out is None:
-        a.out = str(HERE / "results" / ("quick" if a.quick else ""))
+        base = HERE / "results" / ("quick" if a.quick else "")
+        a.out = str(base if a.profile == "lan" else base / a.profile)
     return a
 
 

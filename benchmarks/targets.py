@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.profiles import PROFILES, Served
+from benchmarks.profiles import start as start_served
 from benchmarks.s3config import s3_config
 from lakefs_mount.ops.mountpoint import is_mounted
-from lakefs_mount.s3.embedded import EmbeddedS3, free_port
+from lakefs_mount.s3.embedded import free_port
 
 HERE = Path(__file__).resolve().parent
 CLI = str(Path(sys.executable).parent / "lakefs-mount")
@@ -41,13 +43,20 @@ def use_bench_credentials() -> None:
         os.environ.pop(k, None)
 
 
-def start_embedded_s3(state_dir: Path, timeout: float = 120) -> EmbeddedS3:
-    """The benchmarks' SeaweedFS on 127.0.0.1 (the one place that knows where it lives)."""
-    return EmbeddedS3(state_dir).start(timeout=timeout)
+def start_embedded_s3(state_dir: Path, timeout: float = 120, profile: str = "lan") -> Served:
+    """The benchmarks' SeaweedFS on 127.0.0.1 (the one place that knows where it lives),
+    reached as network `profile` (benchmarks/profiles.py) by this process and everything
+    it starts: with TLS, the run's CA goes into the environment, and the server checks
+    the benchmark's keys."""
+    keys = {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY} if PROFILES[profile].tls \
+        else {}
+    served = start_served(PROFILES[profile], state_dir, timeout=timeout, **keys)
+    os.environ.update(served.client_env())
+    return served
 
 
 @contextlib.contextmanager
-def embedded_session(prefix: str) -> Iterator[tuple[Path, EmbeddedS3, Any]]:
+def embedded_session(prefix: str) -> Iterator[tuple[Path, Served, Any]]:
     """A scratch directory, the benchmark's SeaweedFS in it and a boto3 client of it, for
     one benchmark run: all gone afterwards, however it ends."""
     import tempfile

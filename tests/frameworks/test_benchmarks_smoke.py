@@ -107,19 +107,22 @@ def test_cache_disk_benchmark_reports_the_mixed_rate_and_leaves_nothing(tmp_path
 @pytest.mark.timeout(150)
 def test_checkpoint_benchmark_quick_loads_back_every_checkpoint_it_saved(
         tmp_path: Path) -> None:
-    """`python -m benchmarks checkpoint --quick` (32 MiB per rank, the native session):
-    every save and restore of every workload and system has its figure, and every
-    checkpoint read back equals the state saved; the figures themselves are not judged."""
+    """`python -m benchmarks checkpoint --quick --profile region` (32 MiB per rank, the
+    native session, https with a round trip): every save and restore of every workload
+    and system has its figure, and every checkpoint read back equals the state saved; the
+    figures themselves are not judged."""
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "checkpoint", "--quick", "--mib", "32",
-         "--sessions", "native", "--out", str(out), "--workdir", str(tmp_path / "work")],
+         "--sessions", "native", "--profile", "region", "--out", str(out),
+         "--workdir", str(tmp_path / "work")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=140)
     log = f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
     results = json.loads((out / "results.json").read_text())
     assert proc.returncode == 0 and results["ok"], log
     assert not results["errors"] and not results["fatal"], log
+    assert results["meta"]["profile"].startswith("region (https"), results["meta"]
     systems = {"local", "native"} | ({"s3tc"} if any(
         "s3torchconnector " in n for n in results["meta"]["notes"]) else set())
     saves = ("torch_save_1", "torch_save_4", "safetensors_save_1", "dcp_save_1", "dcp_save_4")
