@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import stat
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -30,7 +31,7 @@ from lakefs_mount.namespace.invalidations import Invalidations
 from lakefs_mount.namespace.listings import Listed, UnderWay
 from lakefs_mount.namespace.namelog import NameLog
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.layout import decode_attrs
+from lakefs_mount.s3.layout import carries_posix_attrs, decode_attrs
 from lakefs_mount.s3.objectstore import ObjectInfo, ObjectStoreError
 
 __all__ = ["ROOT_INO", "SMALL_OBJECT_MAX", "Inode", "Kind", "Namespace", "kind_of",
@@ -39,6 +40,13 @@ __all__ = ["ROOT_INO", "SMALL_OBJECT_MAX", "Inode", "Kind", "Namespace", "kind_o
 log = logging.getLogger(__name__)
 
 HEAD_CONCURRENCY = 32
+# A listing proves an object larger than PATH_MAX a regular file: a symlink keeps its
+# target as its body, FIFOs and devices are empty.
+TYPE_PROVEN_ABOVE = 4096
+# In one readdir, more files than this of that size that no index describes are sampled
+# (SAMPLE_HEADS of them, spread over the listing) before each is HEADed.
+LISTING_TRUSTED_AFTER = 64
+SAMPLE_HEADS = 16
 # Looked up by name, an object up to this size is fetched whole instead of HEADed: the GET
 # brings the same metadata, and the read that usually follows a lookup needs no request.
 SMALL_OBJECT_MAX = 256 * 1024
@@ -172,7 +180,36 @@ class Namespace(Listed):
             else:
                 await self.ensure_headed(inode)
 
-        await each_bounded(head, todo, trio.CapacityLimiter(HEAD_CONCURRENCY))
+        heads = trio.CapacityLimiter(HEAD_CONCURRENCY)
+        await self._trust_foreign_listing(dir_inode, todo,
+                                          lambda inodes: each_bounded(head, inodes, heads))
+        await each_bounded(head, [i for i in todo if not i.headed], heads)
+
+    async def _trust_foreign_listing(
+            self, dir_inode: Inode, todo: list[Inode],
+            head_all: Callable[[list[Inode]], Awaitable[None]]) -> None:
+        """A directory of many files that no index describes and that are too large to be
+        anything but regular files, such as a dataset another tool uploaded: HEAD a sample
+        of them first. If none carries POSIX metadata, the others take what the listing
+        says, which is all their HEADs would have added (size, time, ETag; the default
+        mode and the mount's owner), and `ls -l` costs no HEAD per file. If one does, or
+        a HEAD did not answer, each is HEADed."""
+        large = [i for i in todo if i.file is not None and i.file.base.size > TYPE_PROVEN_ABOVE
+                 and i.file.base.key == i.file.key and not i.file.pending]
+        if len(large) <= LISTING_TRUSTED_AFTER:
+            return
+        step = len(large) / SAMPLE_HEADS
+        sample = [large[int(k * step)] for k in range(SAMPLE_HEADS)]
+        await head_all(sample)
+        if any(not i.headed or i.file is None or i.file.base.meta is None
+               or carries_posix_attrs(i.file.base.meta) for i in sample):
+            return
+        trusted = [i for i in large if not i.headed]
+        for inode in trusted:
+            inode.headed = True
+        log.info("%s: no POSIX metadata in a sample of %d HEADs; %d of its %d files are "
+                 "answered from the listing", self.key_of(dir_inode) or "/", SAMPLE_HEADS,
+                 len(trusted), len(large))
 
     async def _head_dirs(self, parent: Inode, dirs: list[Inode]) -> None:
         """Stored attributes of subdirectories (see dirattrs). S3 gets the same moment as

@@ -155,6 +155,15 @@ def _parse_mtime_ns(text: str | None) -> int | None:
         return None
 
 
+POSIX_META = (META_MODE, META_UID, META_GID, META_MTIME, META_ATIME, META_CTIME, META_SYMLINK,
+              META_RDEV)
+
+
+def carries_posix_attrs(meta: dict[str, str]) -> bool:
+    """The object's metadata holds attributes a listing cannot tell (this mount's, s3fs's)."""
+    return any(name in meta for name in POSIX_META)
+
+
 def decode_attrs(meta: dict[str, str]) -> DecodedAttrs:
     """Attributes from user metadata; absent or malformed values become None (defaults)."""
 

@@ -178,3 +178,43 @@ def test_the_reserved_name_is_never_shown_nor_created(mount_factory, s3):
 
 # -- the index format ---------------------------------------------------------------------
 
+
+
+def _put_many(s3, prefix: str, count: int, size: int, metadata: dict[str, str]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: s3.put(f"{prefix}f{i:04d}", b"d" * size, metadata),
+                      range(count)))
+
+
+def test_a_big_directory_another_tool_uploaded_lists_with_a_sample_of_heads(
+        mount_factory, s3):
+    """200 objects of 5,000 bytes without POSIX metadata (`aws s3 cp` of a dataset): a
+    sample of 16 HEADs finds none, and the rest take what the listing says (a listing
+    proves an object larger than PATH_MAX a regular file). Where the sample finds mode
+    metadata, or the objects are small enough to be symlinks, each is HEADed."""
+    _put_many(s3, "dataset/", 200, 5000, {})
+    _put_many(s3, "modes/", 100, 5000, {"mode": str(stat.S_IFREG | 0o600)})
+    _put_many(s3, "tiny/", 100, 100, {})
+    m = mount_factory()
+
+    def heads() -> int:
+        return m.status()["s3_requests"].get("HeadObject", {}).get("count", 0)
+
+    before = heads()
+    listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(m.path / "dataset")}
+    assert len(listed) == 200
+    assert all(stat.S_ISREG(st.st_mode) and st.st_size == 5000 for st in listed.values())
+    assert heads() - before <= 16 + 2  # the sample (and the directory's own attributes)
+    assert "answered from the listing" in m.log_tail(200)
+
+    before = heads()
+    modes = [e.stat(follow_symlinks=False).st_mode for e in os.scandir(m.path / "modes")]
+    assert modes == [stat.S_IFREG | 0o600] * 100
+    assert heads() - before >= 100
+
+    before = heads()
+    assert len(os.listdir(m.path / "tiny")) == 100
+    assert all(os.lstat(m.path / "tiny" / f"f{i:04d}").st_size == 100 for i in range(100))
+    assert heads() - before >= 100
