@@ -24,6 +24,8 @@ from lakefs_mount.cache.fetcher import Fetcher
 from lakefs_mount.cache.journalschema import PendingFile
 from lakefs_mount.uring import IoEngine
 
+HOLES_AT_ONCE = 64  # chunks a growth past a cut marks dirty at a time (1 GiB of 16 MiB ones)
+
 
 class Writer:
     def __init__(self, book: ChunkBook, files: CacheFiles, fetcher: Fetcher, room: DiskRoom,
@@ -134,6 +136,8 @@ class Writer:
 
     async def _write_pinned(self, cf: CachedFile, offset: int, end: int,
                             data: bytes | memoryview, touched: range) -> int:
+        if end > cf.size:
+            await self._zeros_past_cut(cf, cf.size, end)
         for idx in touched:
             while idx in cf.fetches.under_way:  # a fetch or an eviction of this chunk is under way
                 await cf.fetches.under_way[idx].wait()
@@ -251,6 +255,7 @@ class Writer:
             fd = await self.files.ensure_fd(cf)
             os.ftruncate(fd, size)  # metadata-only; never blocks on data
         else:
+            await self._zeros_past_cut(cf, old, size)
             await self.mark_dirty(cf, [], old)
             fd = await self.files.ensure_fd(cf)
             if os.fstat(fd).st_size < size:
@@ -260,6 +265,21 @@ class Writer:
         if size > old:
             self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
+
+    async def _zeros_past_cut(self, cf: CachedFile, old: int, new_end: int) -> None:
+        """The file grows from `old` while its committed object is longer: a truncate cut
+        those bytes of the object, and the file holds zeros there now. So the chunks wholly
+        past `old` that the object covers become holes of the cache file (which the
+        truncate shortened), dirty, before anything could fetch them from the object or a
+        commit copy them from it. (The chunk holding `old` was made dirty by the cut.)
+        In batches, so that a long hole waits for dirty room like a long write."""
+        if cf.base.key is None or old >= cf.base.size:
+            return
+        holes = [i for i in range(self.parts.chunk_count(old),
+                                   self.parts.chunk_count(min(new_end, cf.base.size)))
+                 if i not in cf.chunks]
+        for at in range(0, len(holes), HOLES_AT_ONCE):
+            await self.mark_dirty(cf, holes[at:at + HOLES_AT_ONCE], None)
 
     # -- what passthrough writers wrote -------------------------------------------------
 

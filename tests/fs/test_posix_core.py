@@ -128,6 +128,32 @@ def test_truncate_shrinks_and_grows_with_zeros(tmp_path):
     trio.run(body)
 
 
+@pytest.mark.parametrize("grow", ["truncate", "write past the end"])
+def test_a_committed_file_cut_short_then_grown_holds_zeros_not_its_old_bytes(tmp_path, grow):
+    """fsx's case: bytes a truncate cut off a committed file never come back, neither
+    fetched from the old object when the file grows again (by truncate or by a write past
+    the end) nor copied from it at the next commit."""
+    async def body() -> None:
+        store = MemoryObjectStore()
+        old = bytes(range(256)) * (24 << 12)  # 24 MiB, three 8 MiB parts
+        store.put(PREFIX + "f", old, {})
+        async with filesystem(tmp_path, store) as c:
+            ino = (await c.fs.lookup(ROOT_INO, "f")).ino
+            assert (await c.fs.setattr(ino, size=1 << 20)).size == 1 << 20
+            if grow == "truncate":
+                await c.fs.setattr(ino, size=len(old))
+            else:
+                fh = await c.fs.open(ino, os.O_WRONLY)
+                assert await c.fs.write(fh, len(old) - 4, b"tail") == 4
+                await c.fs.release(fh)
+            want = old[:1 << 20] + bytes(len(old) - (1 << 20) - 4) + (
+                bytes(4) if grow == "truncate" else b"tail")
+            assert await _read_file(c, ino, len(old)) == want
+            await c.settled()
+            assert store.objects[PREFIX + "f"].body == want
+    trio.run(body)
+
+
 def test_rename_noreplace_onto_an_existing_name_is_eexist_and_leaves_both(tmp_path):
     async def body() -> None:
         async with filesystem(tmp_path) as c:

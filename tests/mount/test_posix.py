@@ -160,6 +160,30 @@ def test_truncate_shrinks_and_grows_with_zeros(work):
     assert work.body("t")[:8] == b"0123\0\0\0\0"
 
 
+@pytest.mark.parametrize("grow", ["truncate", "write past the end"])
+def test_a_committed_file_cut_short_then_grown_holds_zeros_not_its_old_bytes(work, grow):
+    """fsx found it: `truncate(2)` by path of a committed 24 MiB file to 1 MiB and back up
+    (or a write past the new end) read the old object's bytes past the first part, and the
+    next commit put them back in S3. Zeros, in the mount and in S3."""
+    old = bytes(range(256)) * (24 * MiB // 256)
+    work.s3.put(work.key("f"), old, {})
+    path = work.path / "f"
+    assert wait_for(path.exists)  # (past the metadata TTL of the directory's listing)
+    assert path.stat().st_size == len(old)
+    os.truncate(path, MiB)
+    if grow == "truncate":
+        os.truncate(path, len(old))
+        want = old[:MiB] + bytes(len(old) - MiB)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(20 * MiB)
+            f.write(b"tail")
+        want = old[:MiB] + bytes(19 * MiB) + b"tail"
+    assert path.read_bytes() == want
+    work.flush()
+    assert work.body("f") == want
+
+
 def test_a_file_cannot_grow_past_s3s_largest_object(work):
     """Issue 29, defect 3: S3 keeps no object over 5 TiB, so neither may the mount: EFBIG,
     and the file stays as it was, flushable."""
