@@ -192,9 +192,21 @@ class NameLog:
         return since is not None and landed is not None and landed >= since
 
     def dirs_made_in(self, prefix: str) -> list[str]:
-        """Keys of directories that pending changes make right below `prefix`."""
+        """Keys of directories that pending changes make right below `prefix`, and that
+        the last pending change of each leaves there (`mkdir s; rmdir s` twice, with the
+        second pair pending: no `s`)."""
         return [k for k in self._creating if k.endswith("/") and k.startswith(prefix)
-                and k != prefix and "/" not in k[len(prefix):-1]]
+                and k != prefix and "/" not in k[len(prefix):-1] and self._last_makes(k)]
+
+    def _last_makes(self, key: str) -> bool:
+        """The latest pending change that makes or removes `key` makes it."""
+        for op in reversed(self.ops):
+            creates, removes = _effects(op.row)
+            if key in creates:
+                return True
+            if key in removes:
+                return False
+        return False
 
     def moved_from(self, dir_key: str) -> str | None:
         """Where S3 still holds the objects of directory `dir_key`: below the source of a

@@ -371,6 +371,22 @@ def test_mkdir_writes_marker_and_rmdir_removes_it_by_the_next_flush(work):
     assert not (work.path / "empty").exists()
 
 
+def test_rmdir_right_after_a_child_was_made_and_removed_twice_succeeds(work):
+    """pjdfstest mkdir/05 and rename/09: `mkdir s; rmdir s` twice below `d`, then `rmdir d`
+    failed ENOTEMPTY in about half the tries (the second pair still pending made the
+    listing of `d` show `s` again)."""
+    for i in range(20):
+        d = work.path / f"d{i}"
+        d.mkdir()
+        for _ in range(2):
+            (d / "s").mkdir()
+            (d / "s").rmdir()
+        d.rmdir()
+    assert os.listdir(work.path) == []
+    work.flush()
+    assert work.keys() == set()
+
+
 def test_rmdir_of_directory_with_pending_file_is_enotempty(work):
     os.mkdir(work.path / "full")
     (work.path / "full" / "f").write_bytes(b"x")

@@ -101,3 +101,20 @@ def test_a_directory_moves_with_everything_below_it_and_its_files_rebase(tmp_pat
     trio.run(body)
     assert {k: o.body for k, o in store.objects.items()} == {
         "b/": b"", "b/x": b"a/x", "b/s/y": b"a/s/y", "ab": b"ab"}
+
+
+def test_a_directory_made_and_removed_again_is_not_shown_as_being_made(tmp_path):
+    """pjdfstest mkdir/05, rename/09: `mkdir s; rmdir s` twice below `d`, with the second
+    pair still pending, made the listing of `d` show `s` (a pending mkdir of it), so
+    `rmdir d` failed ENOTEMPTY. The latest pending change of a key says what it is."""
+
+    async def body() -> None:
+        names, _ = make_log(tmp_path, MemoryObjectStore())
+        for _ in range(2):  # recorded, not applied (no run)
+            await names.record(DIR, "d/s/", arg=ATTRS)
+            await names.record(RMDIR, "d/s/")
+        assert names.dirs_made_in("d/") == []
+        await names.record(DIR, "d/s/", arg=ATTRS)
+        assert names.dirs_made_in("d/") == ["d/s/"]
+
+    trio.run(body)
