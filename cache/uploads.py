@@ -192,8 +192,11 @@ class Uploads:
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self.ensure(cf)
-                    etag, crc = await self._send_part(cf, key, upload_id, idx, start, end,
-                                                      lambda: ch.gen != gen)
+                    # (a write under way has not moved the gen yet: its bytes may be
+                    # what S3 refused)
+                    etag, crc = await self._send_part(
+                        cf, key, upload_id, idx, start, end,
+                        lambda: ch.gen != gen or cf.writes.in_flight > 0)
                 finally:
                     self.demand.in_flight -= 1
         except BaseException as exc:
