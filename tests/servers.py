@@ -50,6 +50,7 @@ class OtherServer:
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
     buckets: list[str] = field(default_factory=list)
+    data_dir: Path | None = None  # rclone: the directory it serves (a folder per bucket)
 
     @property
     def endpoint_url(self) -> str:
@@ -152,11 +153,13 @@ def start_rclone(directory: Path) -> OtherServer:
     port = free_port()
     config = directory / "rclone.conf"  # (empty: no remote of the user's is ever read)
     config.touch()
-    return _spawn("rclone", [rclone, "serve", "s3", "--config", str(config),
-                             "--addr", f"127.0.0.1:{port}",
-                             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", "-vv",
-                             str(data)],
-                  directory, port, _version([rclone, "version"]))
+    server = _spawn("rclone", [rclone, "serve", "s3", "--config", str(config),
+                               "--addr", f"127.0.0.1:{port}",
+                               "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", "-vv",
+                               str(data)],
+                    directory, port, _version([rclone, "version"]))
+    server.data_dir = data
+    return server
 
 
 def start_moto(directory: Path) -> OtherServer:
