@@ -435,7 +435,15 @@ class S3ObjectStore:
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
                 CopySource={"Bucket": self.bucket, "Key": src_key},
                 CopySourceRange=f"bytes={start}-{end - 1}")
-        return strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
+        etag = strip_etag(resp.get("CopyPartResult", {}).get("ETag"))
+        if not etag:
+            # rclone serve s3 takes an UploadPartCopy for an UploadPart of no bytes: 200,
+            # no ETag, a part of 0 bytes, and InvalidPart only at the Complete
+            # (docs/compatibility.md). Say so here, not "InvalidPart" later.
+            raise ObjectStoreError(
+                f"S3 UploadPartCopy on 's3://{self.bucket}/{key}' answered without an "
+                f"ETag: this endpoint does not copy parts (UploadPartCopy)")
+        return etag
 
     @retried
     def complete_multipart(self, key: str, upload_id: str,

@@ -296,6 +296,25 @@ def test_get_range_into_streams_pieces_at_their_offsets(store: ObjectStore) -> N
     assert store.get_range_into("stream/obj", len(body) + 5, len(body) + 10, write)[0] == 0
 
 
+def test_an_upload_part_copy_answered_without_an_etag_is_a_failure_that_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """rclone serve s3 answers UploadPartCopy 200 with an empty CopyPartResult (it took
+    it for an UploadPart of no bytes): that is no copied part, and the error names the
+    request, not the InvalidPart the Complete would get (docs/compatibility.md)."""
+    s3 = S3ObjectStore("b", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    answers = [{"CopyPartResult": {}}, {"CopyPartResult": {"ETag": '"abc"'}}]
+
+    class Client:
+        def upload_part_copy(self, **_: object) -> dict:
+            return answers.pop(0)
+
+    monkeypatch.setattr(s3, "_botocore", lambda seconds: Client())
+    with pytest.raises(ObjectStoreError, match="UploadPartCopy .* without an ETag") as info:
+        s3.upload_part_copy("k", "u", 1, "src", 0, 100)
+    assert not info.value.transient
+    assert s3.upload_part_copy("k", "u", 1, "src", 0, 100) == "abc"
+
+
 # ------------------------------------------------------------------ one retry policy
 
 
