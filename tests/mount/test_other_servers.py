@@ -36,6 +36,9 @@ PUT_CRC_RETURNED = {"rclone": True, "moto": False}
 # over a directory stores PutObject "d/" as a plain file "d" (then nothing can go below
 # d/: InternalError), or fails it with InternalError when d/ already holds files.
 KEEPS_MARKERS = {"rclone": False, "moto": True}
+# Whether UploadPartCopy copies: rclone serve s3 answers it 200 with no ETag and records a
+# part of 0 bytes (the Complete then fails with InvalidPart).
+COPIES_PARTS = {"rclone": False, "moto": True}
 
 
 @pytest.fixture
@@ -374,3 +377,28 @@ def test_commit_then_verify_by_s3_url(server, bucket, mounts):
     # is read back and hashed
     single = sum(len(data) < 8 * MiB for data in files.values())
     assert report["checked_by_s3"] == (single if PUT_CRC_RETURNED[server.name] else 0), report
+
+
+def test_one_part_of_a_large_file_in_s3_rewritten(server, bucket, mounts):
+    """A 20 MiB object the mount never cached, 10 bytes of its last part rewritten: the
+    commit copies the unchanged parts server-side (UploadPartCopy). On moto the object
+    ends with exactly the new bytes. rclone serve s3 does not copy parts (200 without an
+    ETag): the flush fails naming UploadPartCopy, and the object keeps its old bytes."""
+    data = bytearray(random.randbytes(20 * MiB + 99))
+    old = bytes(data)
+    server.client().put_object(Bucket=bucket, Key="big.bin", Body=old)
+    m = mounts("--part-size", "8M")
+    with open(m.path / "big.bin", "r+b") as f:
+        f.seek(17 * MiB)
+        f.write(b"0123456789")
+    data[17 * MiB:17 * MiB + 10] = b"0123456789"
+    if COPIES_PARTS[server.name]:
+        _flushed(m)
+        assert _get(server, bucket, "big.bin") == bytes(data)
+        assert m.counters().get("parts_copied", 0) == 2, m.counters()
+        return
+    done = m.flush("--timeout", "20", timeout=120)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "UploadPartCopy" in done.stderr and "without an ETag" in done.stderr, done.stderr
+    assert _get(server, bucket, "big.bin") == old
+    assert (m.path / "big.bin").read_bytes() == bytes(data)  # (the cache keeps the new)
