@@ -37,7 +37,7 @@ from lakefs_mount.s3.embedded import EmbeddedS3, generated_keys
 from lakefs_mount.s3.objectstore import ObjectStoreError
 from lakefs_mount.s3.store import S3ObjectStore
 from tests.faultproxy import FaultProxy  # tests/ is on sys.path (rootdir conftest)
-from tests.mounting import Mount
+from tests.mounting import Mount, mount_maker
 from tests.reliability import DEFAULT_DOC, Row, stamp, update
 
 AUTH_ACCESS_KEY = "lmtestaccesskey"
@@ -168,26 +168,10 @@ def fuse_session(request: pytest.FixtureRequest) -> str:
 def mount_factory(s3_server: EmbeddedS3, bucket: str, tmp_path: Path,
                   io_engine: str, fuse_session: str) -> Iterator:
     """Make (and always clean up) mounts of this test's bucket: `mount_factory(options...)`."""
-    made: list[Mount] = []
-
-    def make(*options: str, prefix: str = "", name: str = "m", start: bool = True,
-             endpoint_url: str | None = None) -> Mount:
-        if io_engine != "auto":
-            options = ("--io-engine", io_engine, *options)
-        if fuse_session != "auto":
-            options = ("--fuse-session", fuse_session, *options)
-        m = Mount(tmp_path / name, bucket, endpoint_url or s3_server.endpoint_url,
-                  prefix=prefix, options=options)
-        made.append(m)
-        if start:
-            m.start()
-        return m
-
-    try:
+    chosen = (*(("--io-engine", io_engine) if io_engine != "auto" else ()),
+              *(("--fuse-session", fuse_session) if fuse_session != "auto" else ()))
+    with mount_maker(tmp_path, bucket, s3_server.endpoint_url, chosen) as make:
         yield make
-    finally:
-        for m in made:
-            m.cleanup()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lakefs_mount.config import control_socket_path
@@ -61,6 +62,16 @@ class Mount:
     def counters(self) -> dict[str, int]:
         return self.status()["counters"]
 
+    def probed(self, timeout: float = 20.0) -> dict:
+        """Status once the daemon's checksum probe has said what the endpoint checks
+        (or after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if "whether" not in status["checksums"] or time.monotonic() > deadline:
+                return status
+            time.sleep(0.1)
+
     def flush(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return cli("flush", str(self.path), *args, timeout=timeout)
 
@@ -94,6 +105,39 @@ class Mount:
         if is_mounted(self.path):
             subprocess.run(["fusermount3", "-uz", str(self.path)], capture_output=True)
         control_socket_path(self.path).unlink(missing_ok=True)  # a killed daemon leaves it
+
+
+def write_fsync(path: Path, data: bytes) -> None:
+    """Write `path` (its directory made if need be) and fsync it: acknowledged bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def mount_maker(root: Path, bucket: str, endpoint_url: str,
+                options: tuple[str, ...] = ()) -> Iterator[Callable[..., Mount]]:
+    """`make(*options, prefix=, name=, start=, endpoint_url=)`: Mounts of `bucket` under
+    `root` (started unless told), every one cleaned up at the end, however it ends."""
+    made: list[Mount] = []
+
+    def make(*more: str, prefix: str = "", name: str = "m", start: bool = True,
+             endpoint_url: str | None = None) -> Mount:
+        m = Mount(root / name, bucket, endpoint_url or default_endpoint, prefix=prefix,
+                  options=(*options, *more))
+        made.append(m)
+        if start:
+            m.start()
+        return m
+
+    default_endpoint = endpoint_url
+    try:
+        yield make
+    finally:
+        for m in made:
+            m.cleanup()
 
 
 def _wait_gone(pid: int, timeout: float = 10) -> None:

@@ -48,15 +48,6 @@ def _client(endpoint_url: str):  # S3's own view, for what the mount cannot tell
                                       s3={"addressing_style": "path"}))
 
 
-def _wait_probed(m, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = m.status()
-        if "whether" not in status["checksums"] or time.monotonic() > deadline:
-            return status
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def auth_setup(s3_auth_server, tmp_path, monkeypatch) -> Iterator[tuple]:
     """A bucket of the server that checks credentials (SeaweedFS takes aws-chunked
@@ -86,7 +77,7 @@ def test_a_corrupted_part_and_object_are_rejected_by_s3_and_sent_again(auth_setu
     whole object (FULL_OBJECT for the multipart one), status counts the retries and shows
     the checksum line, and the journal noted the committed objects' CRCs."""
     m, fault_proxy, s3, server = auth_setup
-    status = _wait_probed(m)
+    status = m.probed()
     assert status["checksums"] == SENDFILE, status["checksums"]
     assert f"upload checksums: {SENDFILE}" in m.log_tail(), m.log_tail()
     text = cli("status", str(m.path), check=True).stdout
@@ -128,7 +119,7 @@ def test_part_crcs_survive_a_crash_and_complete_the_upload_with_s3s_checksum(
     remount: the kept parts complete the checksummed upload (S3 requires every part's
     CRC), and the object carries the whole object's CRC-32C."""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == SENDFILE
+    assert m.probed()["checksums"] == SENDFILE
     data = os.urandom(20 * MiB + 999)
     journal = m.cache_dir / "journal.db"
     f = open(m.path / "ckpt.bin", "wb", buffering=0)  # noqa: SIM115 (open across the crash)
@@ -222,7 +213,7 @@ def test_verify_takes_s3s_stored_checksums_and_reads_back_only_what_has_none(
     without a CRC-32C (boto3's default is CRC32, or none) is read back and hashed: a
     changed byte is still found."""
     m = mount_factory("--part-size", "8M")
-    assert _wait_probed(m)["checksums"] == SENDFILE
+    assert m.probed()["checksums"] == SENDFILE
     (m.path / "ck").mkdir()
     big, small = os.urandom(20 * MiB + 5), os.urandom(4096)
     (m.path / "ck" / "model.bin").write_bytes(big)
@@ -289,7 +280,7 @@ def test_an_embedded_mount_keys_its_server_and_sends_checked_parts(tmp_path) -> 
     m = _EmbeddedMount(tmp_path / "e", state, ("--part-size", "8M", "--commit-delay", "0"))
     try:
         m.start()
-        status = _wait_probed(m)
+        status = m.probed()
         assert status["checksums"] == SENDFILE, status["checksums"] + m.log_tail()
         text = cli("status", str(m.path), check=True).stdout
         creds = state / "credentials"
@@ -345,7 +336,7 @@ def test_a_corrupted_manifest_and_index_are_refused_by_s3_and_sent_again(
     refuses both, the mount sends them again, and both land as written."""
     fault_proxy.parse_requests = True  # before the mount: every connection is parsed
     m = mount_factory("--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
-    assert _wait_probed(m)["checksums"] == SENDFILE
+    assert m.probed()["checksums"] == SENDFILE
     fault_proxy.corrupt_body(INDEX_FOLDER)
     (m.path / "ck").mkdir()
     data = os.urandom(100_000)
@@ -385,7 +376,7 @@ def test_parts_declare_a_checksum_only_in_an_upload_created_with_one(auth_setup)
     its UploadParts must declare none; SeaweedFS accepts either, so the test reads the
     requests themselves at the proxy."""
     m, fault_proxy, s3, _ = auth_setup
-    _wait_probed(m)
+    m.probed()
     data = bytearray(os.urandom(24 * MiB + 5))
     (m.path / "model.bin").write_bytes(data)
     assert m.flush().returncode == 0, m.log_tail()

@@ -15,19 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from lakefs_mount.ops.mountpoint import is_mounted
-from tests.mounting import cli
+from tests.mounting import cli, write_fsync
 from tests.reliability import Row
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
-
-
-def _write_fsync(path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def test_kill9_with_s3_down_then_remount_uploads_everything(mount_factory, s3, fault_proxy):
@@ -37,8 +29,8 @@ def test_kill9_with_s3_down_then_remount_uploads_everything(mount_factory, s3, f
     small = b"tiny file\n"
     (m.path / "ckpt").mkdir()
     fault_proxy.fail = True  # nothing can reach S3 before the crash
-    _write_fsync(m.path / "ckpt" / "model.bin", big)
-    _write_fsync(m.path / "ckpt" / "meta.json", small)
+    write_fsync(m.path / "ckpt" / "model.bin", big)
+    write_fsync(m.path / "ckpt" / "meta.json", small)
     m.kill9()
     assert s3.head("ckpt/model.bin") is None
     fault_proxy.fail = False
@@ -128,7 +120,7 @@ def crash_with_pending_files(m, fault_proxy, sizes=(200_000, 200_001, 200_002),
     fault_proxy.fail = True
     bodies = [(rng or random).randbytes(size) for size in sizes]
     for i, body in enumerate(bodies):
-        _write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
+        write_fsync(m.path / "ckpt" / f"pending-{i}.bin", body)
     m.kill9()
     fault_proxy.fail = False
     return bodies
@@ -247,7 +239,7 @@ def test_a_second_sigterm_ends_the_exit_flush_at_once_and_the_next_mount_uploads
     bodies = {f"ckpt/f{i}.bin": random.randbytes(size)
               for i, size in enumerate((100_000, 20 * MiB + 1))}
     for name, body in bodies.items():
-        _write_fsync(m.path / name, body)
+        write_fsync(m.path / name, body)
     pid = m.pid
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
@@ -281,7 +273,7 @@ def test_one_sigterm_after_an_umount_lets_the_exit_upload_finish(mount_factory, 
     assert m.flush().returncode == 0
     fault_proxy.fail = True
     body = random.randbytes(300_000)
-    _write_fsync(m.path / "ckpt" / "late.bin", body)
+    write_fsync(m.path / "ckpt" / "late.bin", body)
     pid = m.pid
     assert pid is not None
     subprocess.run(["umount", str(m.path)], check=True)

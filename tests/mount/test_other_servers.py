@@ -19,7 +19,7 @@ import pytest
 
 from lakefs_mount.publish.manifest import MANIFEST_NAME, encode_crc
 from tests.faultproxy import FaultProxy
-from tests.mounting import Mount, cli
+from tests.mounting import Mount, cli, mount_maker, write_fsync
 from tests.servers import OtherServer, other_server  # noqa: F401 (the fixture)
 
 MiB = 1024 * 1024
@@ -61,22 +61,8 @@ def bucket(server: OtherServer) -> str:
 @pytest.fixture
 def mounts(server: OtherServer, bucket: str, tmp_path: Path) -> Iterator:
     """`mounts(*options, endpoint_url=...)`: started Mounts of the bucket, always cleaned up."""
-    made: list[Mount] = []
-
-    def make(*options: str, endpoint_url: str | None = None, name: str = "m",
-             start: bool = True) -> Mount:
-        m = Mount(tmp_path / name, bucket, endpoint_url or server.endpoint_url,
-                  options=options)
-        made.append(m)
-        if start:
-            m.start()
-        return m
-
-    try:
+    with mount_maker(tmp_path, bucket, server.endpoint_url) as make:
         yield make
-    finally:
-        for m in made:
-            m.cleanup()
 
 
 @pytest.fixture
@@ -122,23 +108,6 @@ def _flushed(m: Mount, *args: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr + m.log_tail()
 
 
-def _wait_probed(m: Mount, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = m.status()
-        if "whether" not in status["checksums"] or time.monotonic() > deadline:
-            return status
-        time.sleep(0.1)
-
-
-def _write_fsync(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def test_small_files_and_a_multipart_file_land_byte_identical(server, bucket, mounts):
     """Small files (one PutObject each) and a 21 MiB file (three 8 MiB parts), flushed:
     flush exits 0 and boto3 reads exactly those bytes back from the server."""
@@ -165,7 +134,7 @@ def test_kill9_mid_upload_then_remount_lands_every_acknowledged_byte(server, buc
     m = mounts("--part-size", "8M", endpoint_url=proxy.endpoint_url)
     proxy.bandwidth_bytes_per_s = 2 * MiB
     for name, data in files.items():
-        _write_fsync(m.path / name, data)
+        write_fsync(m.path / name, data)
     deadline = time.monotonic() + 30
     while m.status()["s3_in_flight"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -234,7 +203,7 @@ def test_checksums_as_negotiated_and_as_the_server_reports_them(server, bucket, 
     server returns for an object (HEAD, checksum mode on) is the object's where it
     returns one at all."""
     m = mounts("--part-size", "8M")
-    status = _wait_probed(m)
+    status = m.probed()
     assert status["checksums"] == CHECKSUMS[server.name], status["checksums"]
     small, big = random.randbytes(100_000), random.randbytes(17 * MiB + 5)
     (m.path / "small.bin").write_bytes(small)
@@ -361,7 +330,7 @@ def test_commit_then_verify_by_s3_url(server, bucket, mounts):
         files[SEED] = b"seed"  # (another node's file: in the manifest too)
     m = mounts("--part-size", "8M")
     for name, data in files.items():
-        _write_fsync(m.path / "ck" / name, data)
+        write_fsync(m.path / "ck" / name, data)
     done = cli("commit", str(m.path), "ck")
     assert done.returncode == 0, done.stdout + done.stderr + m.log_tail()
     manifest = json.loads(_get(server, bucket, f"ck/{MANIFEST_NAME}"))
