@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from lakefs_mount.config import control_socket_path
+from lakefs_mount.config import FSTYPE_NAME, control_socket_path
 from lakefs_mount.ops import controlclient
 from lakefs_mount.ops.mountpoint import read_mountinfo, resolve_above
 
-FSTYPE = "fuse.lakefs-mount"
+FSTYPE = f"fuse.{FSTYPE_NAME}"  # what /proc/mounts shows a mount as
 
 
 class LakefsMountError(Exception):

@@ -103,6 +103,19 @@ class MountConfig:
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)
 
+    @property
+    def mount_source(self) -> str:
+        """What mount(8), findmnt and /proc/mounts show as the source: the mounted
+        `s3://bucket/prefix`, else FSTYPE_NAME (the embedded server; a name FUSE's option
+        syntax could not carry, with a comma, a backslash or white space)."""
+        if self.bucket is None:
+            return FSTYPE_NAME
+        source = f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
+        return FSTYPE_NAME if re.search(r"[,\\\s]", source) else source
+
+
+# The mount's type is fuse.FSTYPE_NAME, as the mount(8) helper mount.fuse.FSTYPE_NAME
+FSTYPE_NAME = "lakefs-mount"
 
 # What botocore accepts as a bucket name (S3-compatible servers take more than AWS does).
 BUCKET_NAME = re.compile(r"[a-zA-Z0-9._-]{1,255}")

@@ -19,7 +19,7 @@ bash "$REPO/packaging/setup.sh"
 LM="$VENV/bin/lakefs-mount"
 
 fstype="$(findmnt -n -o FSTYPE --mountpoint "$MOUNTPOINT" 2>/dev/null || true)"
-if [[ $fstype == fuse.lakefs ]] && "$LM" status "$MOUNTPOINT" >/dev/null 2>&1; then
+if [[ $fstype == fuse.lakefs-mount || $fstype == fuse.lakefs ]] && "$LM" status "$MOUNTPOINT" >/dev/null 2>&1; then
     say "$MOUNTPOINT is already a lakefs-mount mount; nothing to do"
     say "see it with: lakefs-mount status $MOUNTPOINT"
     exit 0

@@ -164,7 +164,8 @@ class Daemon:
         if config.fuse_session != "pyfuse3":
             native = NativeSession(KernelOps(self.core.fs), config.mountpoint,
                                    allow_other=config.allow_other, read_only=config.read_only,
-                                   probe_dir=self.core.cache.data_dir)
+                                   probe_dir=self.core.cache.data_dir,
+                                   source=config.mount_source)
             try:
                 await native.mount()
                 return native
@@ -173,7 +174,8 @@ class Daemon:
                     raise StartupError(f"native FUSE session: {exc}") from None
                 log.info("FUSE session: pyfuse3, as the native session cannot start: %s", exc)
         session = Pyfuse3Session(self.core.fs, str(config.mountpoint),
-                                 allow_other=config.allow_other, read_only=config.read_only)
+                                 allow_other=config.allow_other, read_only=config.read_only,
+                                 source=config.mount_source)
         await session.mount()
         return session
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from lakefs_mount.config import FSTYPE_NAME
 from lakefs_mount.fs.errors import errno_of
 from lakefs_mount.fs.filesystem import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
 
@@ -195,11 +196,11 @@ class Pyfuse3Session:
     spliced_reads = "no (pyfuse3 copies every read reply)"
 
     def __init__(self, fs: FileSystem, mountpoint: str, *, allow_other: bool,
-                 read_only: bool) -> None:
+                 read_only: bool, source: str = FSTYPE_NAME) -> None:
         self.options = set(pyfuse3.default_options)
         # nodev, as the native session: a device node is a few bytes of metadata anyone who
         # writes the bucket can set; it must never open a device of this machine.
-        self.options |= {"fsname=lakefs-mount", "subtype=lakefs", "nodev"}
+        self.options |= {f"fsname={source}", f"subtype={FSTYPE_NAME}", "nodev"}
         if allow_other:
             self.options.add("allow_other")
         if read_only:

@@ -205,3 +205,13 @@ def test_fuse3s_generic_helper_mounts_it_through_the_lakefs_mount_command(mount_
     files = _write_checkpoint(m.path)
     _umount_and_wait(m)
     _assert_in_s3(s3, files)
+
+
+@pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
+def test_findmnt_shows_the_helpers_type_and_the_mounted_source(mount_factory, bucket):
+    """The type is the helper's, `fuse.lakefs-mount` (so `findmnt -t fuse.lakefs-mount`
+    and `umount -t` find it), and the source is what was mounted, s3://bucket/prefix."""
+    m = mount_factory(prefix="ckpt/run1/")
+    shown = subprocess.run(["findmnt", "-n", "-t", "fuse.lakefs-mount", "-o", "SOURCE",
+                            "--mountpoint", str(m.path)], capture_output=True, text=True)
+    assert shown.stdout.split() == [f"s3://{bucket}/ckpt/run1"], shown

@@ -52,7 +52,8 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
                     "--endpoint-url", s3_server.endpoint_url)
     assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
     entry = find_mount(user.mnt)
-    assert entry is not None and entry.fstype == "fuse.lakefs"
+    assert entry is not None and entry.fstype == "fuse.lakefs-mount", entry
+    assert entry.source == f"s3://{bucket}", entry
     options = next(line for line in Path("/proc/self/mountinfo").read_text().splitlines()
                    if f" {user.mnt} " in line).rsplit(" ", 1)[1].split(",")
     assert f"user_id={user.uid}" in options and "max_read=131072" in options, options

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from lakefs_mount.config import FSTYPE_NAME
 from lakefs_mount.filespan import FileSpan
 from lakefs_mount.fuse.native import device, wire
 from lakefs_mount.fuse.native.ops import SENT, KernelOps, Reply, Sent
@@ -65,9 +66,10 @@ class NativeSession:
     name = "native"
 
     def __init__(self, ops: KernelOps, mountpoint: Path, *, allow_other: bool,
-                 read_only: bool, probe_dir: Path) -> None:
+                 read_only: bool, probe_dir: Path, source: str = FSTYPE_NAME) -> None:
         self.ops = ops
         self.mountpoint = mountpoint
+        self.source = source  # what mount(8) shows as the source
         self.allow_other = allow_other
         self.read_only = read_only
         self.probe_dir = probe_dir
@@ -91,7 +93,7 @@ class NativeSession:
         the kernel's INIT is answered by `serve`. DeviceError says why the native session
         cannot run here."""
         self.fd = await trio.to_thread.run_sync(lambda: device.connect(
-            self.mountpoint, fsname="lakefs-mount", subtype="lakefs",
+            self.mountpoint, fsname=self.source, subtype=FSTYPE_NAME,
             allow_other=self.allow_other, read_only=self.read_only,
             user_max_read=USER_MAX_READ))
         self.ops.attach(self)
