@@ -320,6 +320,11 @@ class Daemon:
     async def flush(self, path: str | None,
                     progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
         files = self.core.fs.pending_files(path)
+        if path and not files and not self.core.fs.changed_at(path):
+            try:  # a typo'd path must not look flushed
+                await self.core.fs.node_at(path)
+            except FSError as exc:
+                raise ValueError(f"flush: {exc}") from None
         started = time.monotonic()
 
         async def report(p: Any) -> None:

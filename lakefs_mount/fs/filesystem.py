@@ -30,7 +30,7 @@ from lakefs_mount.filespan import FileSpan, SendSpan
 from lakefs_mount.fs.errors import FSError, s3_errors
 from lakefs_mount.fs.inodes import _TOO_BIG, ATTR_TIMEOUT, BLKSIZE, BLOCK_SIZE, Attr, Handle, Inodes
 from lakefs_mount.fs.names import Names
-from lakefs_mount.namespace.inode import ROOT_INO, Kind
+from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind
 from lakefs_mount.namespace.namelog import NameLog
 from lakefs_mount.namespace.namespace import SMALL_OBJECT_MAX, Namespace
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE
@@ -286,12 +286,9 @@ class FileSystem:
                 out.append(cf)
         return out
 
-    async def remote_files_at(self, path: str | None) -> tuple[list[CachedFile], int]:
-        """The files at or under `path` (relative to the mount root) whose bytes are in S3
-        and not changed here, for a warm-up, and how many files were left out for having
-        local changes. Directories are listed from S3 where not yet known, each file is
-        checked as at an open (close-to-open); a file removed from S3 meanwhile is left
-        out. FSError(ENOENT/ENOTDIR) for a path that is not there."""
+    async def node_at(self, path: str | None) -> Inode:
+        """The inode at `path` (relative to the mount root; the root for None), looked up
+        as the kernel would; FSError(ENOENT) if it is not there."""
         node = self.ns.get(ROOT_INO)
         for name in (path or "").strip("/").split("/"):
             if name in ("", "."):
@@ -300,6 +297,22 @@ class FileSystem:
             if child is None:
                 raise FSError(errno.ENOENT, f"{path}: no such file or directory")
             node = child
+        return node
+
+    def changed_at(self, path: str) -> bool:
+        """A namespace change touches `path` that is not yet in S3, or a removal of it
+        landed lately (a directory just removed: its removal is what a flush of it waits
+        for)."""
+        key = self.ns.prefix + path.strip("/")
+        return self.names.busy(key) or self.names.removed_lately(key)
+
+    async def remote_files_at(self, path: str | None) -> tuple[list[CachedFile], int]:
+        """The files at or under `path` (relative to the mount root) whose bytes are in S3
+        and not changed here, for a warm-up, and how many files were left out for having
+        local changes. Directories are listed from S3 where not yet known, each file is
+        checked as at an open (close-to-open); a file removed from S3 meanwhile is left
+        out. FSError(ENOENT/ENOTDIR) for a path that is not there."""
+        node = await self.node_at(path)
         out: list[CachedFile] = []
         local = 0
         stack = [node]

@@ -191,6 +191,11 @@ class NameLog:
         landed = self._landed.get(key)
         return since is not None and landed is not None and landed >= since
 
+    def removed_lately(self, key: str) -> bool:
+        """A removal of `key` (a file, or a directory as "key/") landed in the last
+        LANDED_FOR seconds."""
+        return key in self._landed or key + "/" in self._landed
+
     def dirs_made_in(self, prefix: str) -> list[str]:
         """Keys of directories that pending changes make right below `prefix`, and that
         the last pending change of each leaves there (`mkdir s; rmdir s` twice, with the

@@ -112,6 +112,22 @@ def test_flush_path_outside_mount(tmp_path):
     assert code == 2 and "outside the mount" in err
 
 
+def test_flush_of_a_path_that_is_not_there_fails_and_of_one_just_removed_succeeds(
+        mount, s3):
+    """A typo'd path must not look flushed; a directory removed a moment ago is there to
+    flush (its removal is the change to wait for)."""
+    (mount.path / "step_1").mkdir()
+    (mount.path / "step_1" / "model.pt").write_bytes(b"w")
+    missing = mount.flush("step_2")
+    assert missing.returncode != 0
+    assert "step_2: no such file or directory" in missing.stderr, missing.stderr
+    assert mount.flush("step_1").returncode == 0
+    assert s3.get_range("step_1/model.pt", 0, 10) == b"w"
+    (mount.path / "step_1" / "model.pt").unlink()
+    (mount.path / "step_1").rmdir()
+    assert mount.flush("step_1").returncode == 0
+
+
 def test_help_lists_every_option():
     proc = subprocess.run([Path(sys.executable).with_name("lakefs-mount"), "mount", "--help"],
                           capture_output=True, text=True, timeout=60)
