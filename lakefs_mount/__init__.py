@@ -2,14 +2,15 @@
 
 The Python API (lakefs_mount/api.py) loads on first use, so `import lakefs_mount` stays
 cheap: flush(path), commit(path, expect_files=None, ...), verify(path), status(mountpoint),
-and the exceptions LakefsMountError and NotALakefsMount.
+and the exceptions LakefsMountError, NotALakefsMount and VerifyFailed.
 """
 
 # Nothing imported at module level: every `lakefs-mount` command imports this package
 # before its own interrupt handling starts (a Ctrl-C inside `typing` printed a traceback).
 from __future__ import annotations
 
-__all__ = ["flush", "commit", "verify", "status", "LakefsMountError", "NotALakefsMount"]
+__all__ = ["flush", "commit", "verify", "status", "LakefsMountError", "NotALakefsMount",
+           "VerifyFailed"]
 
 
 def __getattr__(name: str) -> object:

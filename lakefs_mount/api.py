@@ -30,6 +30,15 @@ class NotALakefsMount(LakefsMountError):
     """The path is not inside a lakefs-mount mount."""
 
 
+class VerifyFailed(LakefsMountError):
+    """The checkpoint does not match its manifest, or has none; `report` is what
+    `verify --json` prints, `str()` its first problems."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 def locate(path: str | os.PathLike[str]) -> tuple[Path, str]:
     """(mount point, path relative to its root, "" for the root) of a path inside a
     lakefs-mount mount; NotALakefsMount otherwise."""
@@ -84,10 +93,19 @@ def commit(path: str | os.PathLike[str], expect_files: int | None = None,
 
 
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checkpoint at `path` against its manifest (as `lakefs-mount verify`): a
-    report whose "ok" is True only if everything matches."""
+    """The checkpoint at `path` against its manifest (as `lakefs-mount verify`): its
+    report when everything matches; VerifyFailed (with the report) when not."""
     mp, rel = locate(path)
-    return _call(mp, {"op": "verify", "path": rel}, None)
+    report = _call(mp, {"op": "verify", "path": rel}, None)
+    if report.get("ok"):
+        return report
+    where = f"s3://{report.get('bucket')}/{report.get('prefix')}"
+    if report.get("manifest") == "missing":
+        raise VerifyFailed(f"{where} has no manifest: never committed (or not yet)", report)
+    problems = report.get("problems") or []
+    shown = "; ".join(f"{p['kind']}: {p['key']}: {p['detail']}" for p in problems[:3])
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    raise VerifyFailed(f"{where} does not match its manifest: {shown}{more}", report)
 
 
 def status(mountpoint: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]:

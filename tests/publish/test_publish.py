@@ -216,6 +216,13 @@ def test_python_api_flushes_commits_and_reports_status(mount, s3, tmp_path):
     result = lakefs_mount.commit(str(mount.path / "api"), expect_files=1, timeout=30)
     assert result["files"] == 1 and result["manifest"] == "api/" + MANIFEST_NAME
     assert lakefs_mount.verify(mount.path / "api")["ok"] is True
+    s3.put("api/w.bin", b"changed behind the manifest's back", {})
+    with pytest.raises(lakefs_mount.VerifyFailed, match="w.bin") as failed:
+        lakefs_mount.verify(mount.path / "api")
+    assert failed.value.report["ok"] is False and failed.value.report["problems"]
+    (mount.path / "never").mkdir()
+    with pytest.raises(lakefs_mount.VerifyFailed, match="no manifest"):
+        lakefs_mount.verify(mount.path / "never")
     assert lakefs_mount.status(mount.path)["pid"] == mount.pid
     from lakefs_mount.api import locate
 
