@@ -3,6 +3,7 @@ started (in the background, or in the foreground with -f)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,13 @@ from typing import Any
 import click
 
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
-from lakefs_mount.cli.errors import CliError
-from lakefs_mount.cli.params import SIZE, abs_path, is_relative_to
+from lakefs_mount.cli.errors import PROG, CliError
+from lakefs_mount.cli.params import ENDPOINT, SIZE, abs_path, is_relative_to
 from lakefs_mount.config import (
     HooksForTests,
     MiB,
     MountConfig,
+    default_cache_dir,
     default_log_file,
     human_bytes,
     parse_metrics_addr,
@@ -36,6 +38,29 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
 """
 
 
+def _warn_past_the_disk(cache_size: int, cache_dir: Path) -> None:
+    """A --cache-size larger than the cache's disk is a limit never reached: the disk fills
+    first (then writers wait for uploads, and get ENOSPC after a minute of it). Said once,
+    at mount; the mount goes on."""
+    where = cache_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        disk = shutil.disk_usage(where)
+    except OSError:
+        return
+    if cache_size > disk.total:
+        click.echo(f"{PROG}: warning: --cache-size {human_bytes(cache_size)} is more than "
+                   f"the cache disk holds ({human_bytes(disk.total)} at {where}, "
+                   f"{human_bytes(disk.free)} free): the disk fills first", err=True)
+
+
+def _default_note(ctx: click.Context, name: str) -> str:
+    """", the default" where the user did not give option `name`."""
+    given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    return "" if given else ", the default"
+
+
 @click.command(epilog=MOUNT_EPILOG)
 @click.argument("args", nargs=-1, required=True, metavar="[SOURCE] MOUNTPOINT")
 @click.option("--cache-dir", type=click.Path(path_type=Path),
@@ -44,7 +69,7 @@ itself failed (S3 unreachable, wrong credentials, daemon died).
               help="Local cache size; clean chunks are evicted beyond it.")
 @click.option("--max-dirty", type=SIZE, default="16G", show_default=True,
               help="Dirty bytes not yet in S3 before writers wait.")
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL",
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL", type=ENDPOINT,
               help="S3 endpoint (env AWS_ENDPOINT_URL).")
 @click.option("--region", help="S3 region.")
 @click.option("--profile", help="AWS profile for credentials.")
@@ -145,8 +170,11 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         raise click.BadParameter("must be at least one part (--part-size)", ctx,
                                  param_hint="'--max-dirty'")
     if opts["cache_size"] < opts["max_dirty"]:
-        raise click.BadParameter("must be at least --max-dirty (dirty data is never "
-                                 "evicted)", ctx, param_hint="'--cache-size'")
+        raise click.BadParameter(
+            f"{human_bytes(opts['cache_size'])} is less than --max-dirty "
+            f"({human_bytes(opts['max_dirty'])}{_default_note(ctx, 'max_dirty')}): dirty data "
+            f"is never evicted; raise --cache-size or lower --max-dirty", ctx,
+            param_hint="'--cache-size'")
     cache_dir = abs_path(opts["cache_dir"]) if opts["cache_dir"] else None
     if cache_dir is not None and is_relative_to(cache_dir, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,
@@ -160,6 +188,8 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         hooks = HooksForTests.parse(opts["test_hooks"])
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint="'--test-hook'") from None
+    if ctx.get_parameter_source("cache_size") == click.core.ParameterSource.COMMANDLINE:
+        _warn_past_the_disk(opts["cache_size"], cache_dir or default_cache_dir(mountpoint))
     log_file = abs_path(opts["log_file"]) if opts["log_file"] else default_log_file(mountpoint)
     if is_relative_to(log_file, mountpoint):
         raise click.BadParameter("must not be inside the mount point", ctx,

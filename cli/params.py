@@ -28,6 +28,26 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
+class EndpointType(click.ParamType):
+    """An S3 endpoint URL: http:// or https:// and a host ("127.0.0.1:9000" alone is
+    what people type, and botocore only says "Invalid endpoint")."""
+
+    name = "URL"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        url = str(value)
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            self.fail(f"{url!r} has no scheme: use http://{url} or https://{url}", param, ctx)
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            self.fail(f"{url!r} is not an http:// or https:// URL with a host", param, ctx)
+        return url
+
+
+ENDPOINT = EndpointType()
+
+
 class MountPointType(click.ParamType):
     """A mount point as given, made absolute without a look at it: a stat of a mount
     whose daemon is stopped waits in the kernel for an answer that does not come, and

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import MOUNT_POINT, abs_path, relative_in_mount
+from lakefs_mount.cli.params import ENDPOINT, MOUNT_POINT, abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
 from lakefs_mount.config import human_bytes, parse_source
 from lakefs_mount.ops import controlclient
@@ -92,7 +92,7 @@ def commit(mountpoint: Path, path: str, expect_files: int | None, expect: tuple[
 @click.command(epilog=VERIFY_EPILOG)
 @click.argument("target", metavar="MOUNTPOINT|s3://BUCKET/PREFIX")
 @click.argument("path", required=False)
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL",
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL", type=ENDPOINT,
               help="S3 endpoint, for s3://... (env AWS_ENDPOINT_URL).")
 @click.option("--region", help="S3 region, for s3://....")
 @click.option("--profile", help="AWS profile for credentials, for s3://....")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -80,13 +81,30 @@ def test_bad_source(tmp_path, cache, source):
     (["--part-size", "9.5M"], "--part-size"),
     (["--part-size", "lots"], "not a size"),
     (["--upload-concurrency", "0"], "--upload-concurrency"),
-    (["--max-dirty", "128G"], "--cache-size"),
+    (["--max-dirty", "128G"], "64 GiB is less than --max-dirty (128 GiB)"),
+    (["--cache-size", "1G"], "1 GiB is less than --max-dirty (16 GiB, the default)"),
+    (["--endpoint-url", "127.0.0.1:9000"], "use http://127.0.0.1:9000 or https://"),
+    (["--endpoint-url", "ftp://x"], "not an http:// or https:// URL"),
     (["--fsync", "sometimes"], "--fsync"),
     (["--io-engine", "magic"], "--io-engine"),
 ])
 def test_bad_options(tmp_path, cache, args, needle):
     code, err = run("mount", *cache, *args, "s3://b", str(tmp_path))
     assert code == 2 and needle in err and err.startswith("lakefs-mount: ")
+
+
+def test_a_cache_size_past_the_disk_is_said_and_the_mount_goes_on(tmp_path, cache):
+    """No error (a disk may grow), but a warning naming the disk's size: the limit would
+    never be reached. The mount then fails later here only for want of an S3 server."""
+    (tmp_path / "mnt").mkdir()
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    with port:
+        code, err = run("mount", *cache, "--cache-size", "1000T", "--endpoint-url",
+                        f"http://127.0.0.1:{port.getsockname()[1]}", "s3://b",
+                        str(tmp_path / "mnt"))
+    assert "warning: --cache-size 1000 TiB is more than the cache disk holds" in err, err
+    assert code == 1 and "could not connect" in err, err
 
 
 def test_usage_errors(tmp_path, cache):
