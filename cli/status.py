@@ -25,6 +25,7 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("prefix", "prefix", lambda v: v or "(whole bucket)"),
     ("endpoint", "endpoint", str),
     ("pid", "daemon pid", str),
+    ("uptime_s", "up for", lambda s: _duration(float(s))),
     ("io_engine", "io engine", str),
     ("fuse_session", "FUSE session", str),
     ("passthrough", "passthrough", str),
@@ -64,7 +65,21 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
      lambda v: f"{human_bytes(v)} (see: lakefs-mount orphans list)"),
     ("cache_size", "cache size", human_bytes),
     ("cache_dir", "cache dir", str),
+    ("log_file", "log file", str),
+    ("counters", "counters", lambda c: ", ".join(
+        f"{name} {n}" for name, n in sorted(c.items()) if n) or "all 0"),
 ]
+
+
+def _duration(seconds: float) -> str:
+    """12 s, 5 min 3 s, 2 h 7 min, 3 d 4 h."""
+    s = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60),
+                                      ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{seconds:.0f} s"
 
 
 # Shown in sections of their own below the table (see format_checkpoints).
@@ -84,6 +99,8 @@ def format_status(status: dict) -> str:
         if key in known or any(w in key.lower() for w in _SECRET_WORDS):
             continue
         value = status[key]
+        if value is None:
+            continue
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         rows.append((key.replace("_", " "), text))
     width = max((len(label) for label, _ in rows), default=0)

@@ -254,6 +254,7 @@ class Daemon:
         pending = self.core.fs.pending_files(None)
         return {
             "mountpoint": str(self.config.mountpoint),
+            "source": self.config.mount_source,
             "bucket": self.config.bucket,
             "prefix": self.config.prefix,
             "endpoint": self.config.endpoint_url or "AWS S3",
@@ -272,6 +273,7 @@ class Daemon:
             # files a crashed daemon's mount may still write (cache.stalewriters)
             "stale_writers": len(cache.stale_writers.files) or None,
             "cache_dir": str(self.config.resolved_cache_dir()),
+            "log_file": str(self.config.log_file) if self.config.log_file else None,
             "cache_size": self.config.cache_size,
             "cache_used": await trio.to_thread.run_sync(_disk_usage, cache.data_dir),
             # cache files a crash or a damaged journal left unnamed (warm.py): None if none

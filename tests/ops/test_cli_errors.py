@@ -177,6 +177,14 @@ def test_status_table_and_progress():
                           "aws_secret_access_key": "nope", "extra_thing": 5})
     assert "3 GiB" in text and "uring" in text and "extra thing" in text
     assert "nope" not in text
+    # what a person reads: no raw JSON, no None, an uptime in words, the log file
+    text = format_status({"uptime_s": 7384.2, "counters": {"parts_uploaded": 3, "heads": 0},
+                          "log_file": "/var/log/lm.log", "stale_writers": None,
+                          "new_field": None})
+    rows = dict(line.split("  ", 1) for line in text.splitlines())
+    assert {k.strip(): v.strip() for k, v in rows.items()} == {
+        "up for": "2 h 3 min", "counters": "parts_uploaded 3", "log file": "/var/log/lm.log"}
+    assert "None" not in text and "new field" not in text, text
     assert describe_progress({"dirty_bytes": 1288490188, "files": 3}) == "1.2 GiB left, 3 files"
 
 
