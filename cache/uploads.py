@@ -28,7 +28,7 @@ from lakefs_mount.s3.layout import (
     encode_attrs,
     writer_tag,
 )
-from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError
+from lakefs_mount.s3.objectstore import NoSuchUpload, ObjectStoreError, PartCopyUnsupported
 from lakefs_mount.s3.parttable import PartTable, new_table_key
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Uploads:
         self.on_progress = on_progress
         self.writer = writer  # this cache's name in its objects' META_WRITER ("": none)
         self.prefix = prefix  # the mount's: its tables of part CRCs go under it
+        self.copies_parts = True  # UploadPartCopy works here (until an answer says not)
 
     async def call(self, cf: CachedFile, what: str, fn: object, *args: object,
                    places_object: bool = False) -> object:
@@ -82,10 +83,10 @@ class Uploads:
             result: object = await self.store.retrying(
                 what, fn, *args, on_error=on_error,  # type: ignore[arg-type]
                 max_attempts=COMMIT_ATTEMPTS)
-        except (NoSuchUpload, PartChanged):
+        except (NoSuchUpload, PartChanged, PartCopyUnsupported):
             # most often a rename's abort of the upload this request was part of: not a
             # failure of the file (`forget` counts one where its upload vanished); or a
-            # write changed the part on its way
+            # write changed the part on its way; or the endpoint copies no parts (sent)
             raise
         except Exception:
             cf.errors.failed()
@@ -146,6 +147,21 @@ class Uploads:
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
         cf.errors.failed(f"its multipart upload {upload_id} vanished from S3 (aborted or expired "
                   "behind the mount)")
+        await self._forget_upload(cf, upload_id)
+
+    async def _drop_upload(self, cf: CachedFile, upload_id: str) -> None:
+        """Abort the file's upload `upload_id` (if it is still the current one) and send
+        every part again in a new one."""
+        if cf.upload.id != upload_id or cf.upload.key is None:
+            return
+        try:
+            await self.store.call(self.store.sync.abort_multipart, cf.upload.key, upload_id)
+        except ObjectStoreError as exc:  # (left to the next mount's clean-up of uploads)
+            log.info("aborting upload %s of %s: %s", upload_id, cf.key, exc)
+        if cf.upload.id == upload_id:
+            await self._forget_upload(cf, upload_id)
+
+    async def _forget_upload(self, cf: CachedFile, upload_id: str) -> None:
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.take_upload()
         self.uploaded_to_dirty(cf)
@@ -267,12 +283,29 @@ class Uploads:
             in_base = cf.base.key is not None and end <= cf.base.size
             if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
                 assert cf.base.key is not None
-                async with self.slots.hold(cf, self.urgent(cf)):
-                    etag = await self.call(cf, f"UploadPartCopy {key} #{idx + 1}",
-                                          self.store.sync.upload_part_copy, key, upload_id,
-                                          idx + 1, cf.base.key, start, end)
-                self.metrics[m.PARTS_COPIED] += 1
-                return idx + 1, str(etag), None
+                if self.copies_parts:
+                    try:
+                        async with self.slots.hold(cf, self.urgent(cf)):
+                            etag = await self.call(
+                                cf, f"UploadPartCopy {key} #{idx + 1}",
+                                self.store.sync.upload_part_copy, key, upload_id, idx + 1,
+                                cf.base.key, start, end)
+                        self.metrics[m.PARTS_COPIED] += 1
+                        return idx + 1, str(etag), None
+                    except PartCopyUnsupported as exc:
+                        if self.copies_parts:
+                            self.copies_parts = False
+                            log.warning("%s; unchanged parts are fetched and sent instead "
+                                        "from now on", exc)
+                        # (the endpoint may have taken the copy for an empty part, which it
+                        # will not let be replaced: the upload starts again)
+                        await self._drop_upload(cf, upload_id)
+                        raise CommitSuperseded from None
+                with self.cache.book.pinned(cf, [idx]):  # its bytes from S3, then up
+                    await self.cache.fetcher.ensure_chunk(cf, idx)
+                    await self.cache.writer.mark_dirty(cf, [idx], None)
+                await self.upload_chunk(cf, idx)
+                continue
             if cf.version != version or cf.unlinked:
                 raise CommitSuperseded  # what this part should hold is no longer cached
             if ch is None or ch.state in (ChunkState.CLEAN, ChunkState.UPLOADED):

@@ -22,6 +22,7 @@ from lakefs_mount.s3.objectstore import (
     ObjectInfo,
     ObjectStore,
     ObjectStoreError,
+    PartCopyUnsupported,
     RequestTimedOut,
 )
 from lakefs_mount.s3.retry import QUICK_ATTEMPTS, delay_after, transient
@@ -32,7 +33,7 @@ T = TypeVar("T")
 Args = TypeVarTuple("Args")
 
 # Errors that retrying cannot fix; everything else (timeouts, 5xx, resets) is retried.
-PERMANENT = (NoSuchUpload, NoSuchKey)
+PERMANENT = (NoSuchUpload, NoSuchKey, PartCopyUnsupported)
 
 
 class AsyncStore:

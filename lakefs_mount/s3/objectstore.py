@@ -59,6 +59,11 @@ class NoSuchUpload(ObjectStoreError):
     """The multipart upload id is unknown (aborted, completed or expired)."""
 
 
+class PartCopyUnsupported(ObjectStoreError):
+    """The endpoint answered an UploadPartCopy without copying (rclone serve s3 takes it
+    for an UploadPart of no bytes): unchanged parts must be fetched and sent instead."""
+
+
 class CorruptRead(ObjectStoreError):
     """A GET's bytes do not have the CRC-32C they were stored with: changed on the way (a
     bad NIC, a middlebox) or at rest. Transient: asked again; never served, cached or

@@ -29,6 +29,7 @@ from lakefs_mount.s3.objectstore import (
     NoSuchUpload,
     ObjectInfo,
     ObjectStoreError,
+    PartCopyUnsupported,
     PendingUpload,
     PiecewiseBody,
     ReadCheck,
@@ -440,7 +441,7 @@ class S3ObjectStore:
             # rclone serve s3 takes an UploadPartCopy for an UploadPart of no bytes: 200,
             # no ETag, a part of 0 bytes, and InvalidPart only at the Complete
             # (docs/compatibility.md). Say so here, not "InvalidPart" later.
-            raise ObjectStoreError(
+            raise PartCopyUnsupported(
                 f"S3 UploadPartCopy on 's3://{self.bucket}/{key}' answered without an "
                 f"ETag: this endpoint does not copy parts (UploadPartCopy)")
         return etag

@@ -350,24 +350,22 @@ def test_commit_then_verify_by_s3_url(server, bucket, mounts):
 
 def test_one_part_of_a_large_file_in_s3_rewritten(server, bucket, mounts):
     """A 20 MiB object the mount never cached, 10 bytes of its last part rewritten: the
-    commit copies the unchanged parts server-side (UploadPartCopy). On moto the object
-    ends with exactly the new bytes. rclone serve s3 does not copy parts (200 without an
-    ETag): the flush fails naming UploadPartCopy, and the object keeps its old bytes."""
+    commit copies the unchanged parts server-side (UploadPartCopy) where the server can.
+    rclone serve s3 cannot (200 without an ETag): the mount says so once in its log, then
+    fetches the unchanged parts and sends them. Either way the object ends with exactly
+    the new bytes."""
     data = bytearray(random.randbytes(20 * MiB + 99))
-    old = bytes(data)
-    server.client().put_object(Bucket=bucket, Key="big.bin", Body=old)
+    server.client().put_object(Bucket=bucket, Key="big.bin", Body=bytes(data))
     m = mounts("--part-size", "8M")
     with open(m.path / "big.bin", "r+b") as f:
         f.seek(17 * MiB)
         f.write(b"0123456789")
     data[17 * MiB:17 * MiB + 10] = b"0123456789"
+    _flushed(m)
+    assert _get(server, bucket, "big.bin") == bytes(data)
+    copied = m.counters().get("parts_copied", 0)
     if COPIES_PARTS[server.name]:
-        _flushed(m)
-        assert _get(server, bucket, "big.bin") == bytes(data)
-        assert m.counters().get("parts_copied", 0) == 2, m.counters()
-        return
-    done = m.flush("--timeout", "20", timeout=120)
-    assert done.returncode != 0, done.stdout + done.stderr
-    assert "UploadPartCopy" in done.stderr and "without an ETag" in done.stderr, done.stderr
-    assert _get(server, bucket, "big.bin") == old
-    assert (m.path / "big.bin").read_bytes() == bytes(data)  # (the cache keeps the new)
+        assert copied == 2, m.counters()
+    else:
+        assert copied == 0, m.counters()
+        assert "does not copy parts (UploadPartCopy)" in m.log_tail(300)
