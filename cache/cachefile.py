@@ -169,6 +169,10 @@ class CachedFile:
     intent_gen: int = 0  # intents issued to the journal (see journal.files.intent_gen)
     version: int = 0  # bumped by every change of content, size or attributes
     committed_version: int = -1
+    # the smallest size the file has had since its commit under way started: a commit
+    # that lands after a truncate below its size brings a base whose bytes past this are
+    # no longer the file's (Writer.zeros_past_cut)
+    low_water: int = 0
     writers: int = 0  # open handles that may write
     openers: int = 0
     unlinked: bool = False

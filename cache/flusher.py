@@ -257,6 +257,7 @@ class Flusher:
         if cf.pt.writers:  # the kernel writes it directly: commit what it holds now
             await self.cache.passthrough.sync(cf)
         version, size, seen_gen = cf.version, cf.size, cf.intent_gen
+        cf.low_water = size
         meta = self.uploads.metadata(cf)
         nchunks = self.parts.chunk_count(size)
         if cf.upload.moves is not None and (nchunks <= 1 or cf.symlink is not None):
@@ -341,6 +342,8 @@ class Flusher:
             self.cache.book.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
         cf.committed(placed, size, str(etag), crc, meta)  # (clean_note below needs it)
+        if cf.low_water < min(size, cf.size):  # cut below what this commit placed
+            await self.cache.writer.zeros_past_cut(cf, cf.low_water, cf.size)
         keep = cf.version != version or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None

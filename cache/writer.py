@@ -137,7 +137,7 @@ class Writer:
     async def _write_pinned(self, cf: CachedFile, offset: int, end: int,
                             data: bytes | memoryview, touched: range) -> int:
         if end > cf.size:
-            await self._zeros_past_cut(cf, cf.size, end)
+            await self.zeros_past_cut(cf, cf.size, end)
         for idx in touched:
             while idx in cf.fetches.under_way:  # a fetch or an eviction of this chunk is under way
                 await cf.fetches.under_way[idx].wait()
@@ -254,8 +254,9 @@ class Writer:
                 await self.journal(self.journal.sync.drop_chunks_from, cf.fid, first_gone)
             fd = await self.files.ensure_fd(cf)
             os.ftruncate(fd, size)  # metadata-only; never blocks on data
+            cf.low_water = min(cf.low_water, size)
         else:
-            await self._zeros_past_cut(cf, old, size)
+            await self.zeros_past_cut(cf, old, size)
             await self.mark_dirty(cf, [], old)
             fd = await self.files.ensure_fd(cf)
             if os.fstat(fd).st_size < size:
@@ -266,20 +267,22 @@ class Writer:
             self.book.grow_held(cf, self.parts.chunks_between(max(old - 1, 0), size))
         await self.save_attrs(cf)
 
-    async def _zeros_past_cut(self, cf: CachedFile, old: int, new_end: int) -> None:
-        """The file grows from `old` while its committed object is longer: a truncate cut
-        those bytes of the object, and the file holds zeros there now. So the chunks wholly
-        past `old` that the object covers become holes of the cache file (which the
-        truncate shortened), dirty, before anything could fetch them from the object or a
-        commit copy them from it. (The chunk holding `old` was made dirty by the cut.)
-        In batches, so that a long hole waits for dirty room like a long write."""
-        if cf.base.key is None or old >= cf.base.size:
+    async def zeros_past_cut(self, cf: CachedFile, cut: int, end: int) -> None:
+        """The file's bytes from `cut` to `end` are not its committed object's (a truncate
+        cut them: the file grows from `cut` while the object is longer, or a commit begun
+        before the cut has just made a longer object its base). So every chunk wholly past
+        `cut` that the object covers becomes dirty before anything could fetch it from the
+        object or a commit copy it from it: one not cached as a hole of the cache file
+        (which the truncate shortened), one cached as it is. (The chunk holding `cut` was
+        made dirty by the cut.) In batches, so that a long hole waits for dirty room like
+        a long write."""
+        if cf.base.key is None or cut >= cf.base.size:
             return
-        holes = [i for i in range(self.parts.chunk_count(old),
-                                   self.parts.chunk_count(min(new_end, cf.base.size)))
-                 if i not in cf.chunks]
-        for at in range(0, len(holes), HOLES_AT_ONCE):
-            await self.mark_dirty(cf, holes[at:at + HOLES_AT_ONCE], None)
+        todo = [i for i in range(self.parts.chunk_count(cut),
+                                  self.parts.chunk_count(min(end, cf.base.size)))
+                if cf.state(i) not in DIRTY_STATES]
+        for at in range(0, len(todo), HOLES_AT_ONCE):
+            await self.mark_dirty(cf, todo[at:at + HOLES_AT_ONCE], None)
 
     # -- what passthrough writers wrote -------------------------------------------------
 

@@ -916,3 +916,41 @@ def test_a_create_the_full_cache_disk_refused_leaves_nothing_to_commit(tmp_path)
             await c.flusher.flush([f for f in c.cache.files.values() if f.pending])
             assert "refused.bin" not in c.store.objects
     run(body)
+
+
+def test_a_commit_landing_after_a_truncate_below_it_brings_no_old_bytes_back(tmp_path):
+    """fsx (pyfuse3, 1 run in 2): a commit of a 3-part file is under way; the file is cut
+    to half a part and grown again, all before the commit lands. Its object then becomes
+    the file's base, and the grown chunks, never cached, were read from it: the old bytes
+    again, and the next commit copied them back. They are zeros."""
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowComplete(MemoryObjectStore):
+        def complete_multipart(self, *args, **kwargs):
+            entered.set()
+            release.wait(30)
+            return super().complete_multipart(*args, **kwargs)
+
+    store = SlowComplete()
+    data = random.randbytes(3 * PART)
+    cut = PART // 2
+    want = data[:cut] + bytes(len(data) - cut)
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("f", data)
+            cf.writers -= 1
+            c.flusher.request_commit(cf)
+            while not entered.is_set():
+                await trio.sleep(0.01)
+            await c.cache.writer.truncate(cf, cut)
+            await c.cache.writer.truncate(cf, len(data))
+            release.set()
+            await c.flusher.flush([cf])
+            for off in (0, cut, PART, 2 * PART):
+                assert await c.cache.read(cf, off, 4096) == want[off:off + 4096], off
+            for idx in range(3):  # nothing of it cached any more: read from S3 again
+                c.cache.book.remove_chunk(cf, idx)
+            assert await c.cache.read(cf, 2 * PART, 4096) == want[2 * PART:2 * PART + 4096]
+            assert store.objects["f"].body == want
+    run(body)
