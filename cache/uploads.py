@@ -208,11 +208,13 @@ class Uploads:
                 self.demand.in_flight += 1
                 try:
                     key, upload_id = await self.ensure(cf)
-                    # (a write under way has not moved the gen yet: its bytes may be
-                    # what S3 refused)
+                    # (a write under way has not moved the gen yet, a passthrough writer
+                    # never does, a truncate drops the chunk: each may be what changed
+                    # the bytes S3 refused)
                     etag, crc = await self._send_part(
                         cf, key, upload_id, idx, start, end,
-                        lambda: ch.gen != gen or cf.writes.in_flight > 0)
+                        lambda: (ch.gen != gen or cf.chunks.get(idx) is not ch
+                                 or cf.writes.in_flight > 0 or cf.pt.writers > 0))
                 finally:
                     self.demand.in_flight -= 1
         except BaseException as exc:
