@@ -119,11 +119,12 @@ class Fetcher:
             await trio.sleep(0.01)
 
     def base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
-        """The part of chunk `idx` that the committed object holds (empty if none)."""
+        """The part of chunk `idx` that the committed object holds and the file still has
+        (empty if none: past the file's end, bytes of the object are not the file's)."""
         start, end = self.parts.chunk_range(idx)
         if cf.base.key is None:
             return start, start
-        return start, max(start, min(end, cf.base.size))
+        return start, max(start, min(end, cf.base.size, cf.size))
 
     def fetching(self, cf: CachedFile, idx: int) -> _Filling:
         """Chunk `idx` is being filled: readers share the fill, writers wait for it."""
@@ -249,7 +250,8 @@ class Fetcher:
         """A sequential reader: fetch the next chunks in parallel before it asks."""
         if self._nursery is None or cf.base.key is None:
             return
-        stop = min(last + 1 + self.read_ahead, self.parts.chunk_count(cf.base.size))
+        stop = min(last + 1 + self.read_ahead,  # (none past the file's end: truncated, the
+                   self.parts.chunk_count(min(cf.base.size, cf.size)))  # rest is not its)
         for idx in range(last + 1, stop):
             if idx not in cf.chunks and idx not in cf.fetches.under_way:
                 self._nursery.start_soon(self._prefetch, cf, idx)

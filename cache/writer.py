@@ -247,6 +247,13 @@ class Writer:
                     await self.fetcher.ensure_chunk(cf, last)
                     await self.mark_dirty(cf, [last], None)
             first_gone = self.parts.chunk_count(size)
+            # A fetch of a chunk past the cut (a readahead) that ended after it would put
+            # the old object's bytes back behind the new end, in the chunk map and in the
+            # cache file: it ends first, and no new one starts (the size is cut now).
+            while (filling := next((e for i, e in cf.fetches.under_way.items()
+                                    if i >= first_gone), None)) is not None:
+                await filling.wait()
+            cf.resized(size)
             for idx in [i for i in cf.chunks if i >= first_gone]:
                 self.book.remove_chunk(cf, idx)
             if cf.in_journal:

@@ -43,7 +43,7 @@ def test_the_kernel_reads_ahead_in_whole_1_mib_requests(mount):
     """128 KiB, the kernel's default for a FUSE mount, would make a sequential reader
     cost eight daemon round trips per MiB."""
     entry = find_mount(mount.path)
-    assert entry is not None and entry.fstype == "fuse.lakefs"
+    assert entry is not None and entry.fstype == "fuse.lakefs-mount"
     assert (SYSFS_BDI / entry.device / "read_ahead_kb").read_text().strip() == "1024"
 
 
