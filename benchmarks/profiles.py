@@ -6,17 +6,16 @@
   (a bucket in the training cluster's own region).
 - `wan`: https, 40 ms round trip, 400 Mbit/s (a bucket a continent away).
 
-`serve(profile, directory)` starts the embedded SeaweedFS for a profile, behind a
+`start(profile, directory)` starts the embedded SeaweedFS for a profile, behind a
 `netlink.Link` when the profile has a round trip or a bandwidth, and gives the endpoint
-and the CA bundle to trust. Over https SeaweedFS requires signatures (without keys it
-refuses aws-chunked uploads over https), so a TLS profile's server has keys, as real S3.
+and the CA bundle to trust (`Served.stop()` ends both). Over https SeaweedFS requires
+signatures (without keys it refuses aws-chunked uploads over https), so a TLS profile's
+server has keys, as real S3.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,13 +102,3 @@ def start(profile: Profile, directory: Path, *, access_key: str | None = None,
     scheme = "https" if tls is not None else "http"
     return Served(profile, server, f"{scheme}://127.0.0.1:{port}",
                   None if tls is None else tls.ca, link)
-
-
-@contextlib.contextmanager
-def serve(profile: Profile, directory: Path, *, access_key: str | None = None,
-          secret_key: str | None = None) -> Iterator[Served]:
-    served = start(profile, directory, access_key=access_key, secret_key=secret_key)
-    try:
-        yield served
-    finally:
-        served.stop()
