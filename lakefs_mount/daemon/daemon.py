@@ -319,10 +319,12 @@ class Daemon:
         except trio.RunFinishedError:
             return None
 
-    async def flush(self, path: str | None,
-                    progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]:
+    async def flush(self, path: str | None, progress: Callable[[dict], Awaitable[None]],
+                    *, must_exist: bool = True) -> dict[str, Any]:
+        """Everything at or under `path` in S3; `must_exist`: a path that is not there
+        (nothing pending, no change of it pending or landed lately) fails."""
         files = self.core.fs.pending_files(path)
-        if path and not files and not self.core.fs.changed_at(path):
+        if must_exist and path and not files and not self.core.fs.changed_at(path):
             try:  # a typo'd path must not look flushed
                 await self.core.fs.node_at(path)
             except FSError as exc:

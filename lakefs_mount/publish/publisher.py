@@ -60,8 +60,8 @@ class CommittingMount(Protocol):
     dirs: DirProgress  # (status shows each commit's stage)
     index_writer: str  # this cache's id, named in the manifest
 
-    async def flush(self, path: str | None,
-                    progress: Callable[[dict], Awaitable[None]]) -> dict[str, Any]: ...
+    async def flush(self, path: str | None, progress: Callable[[dict], Awaitable[None]],
+                    *, must_exist: bool = True) -> dict[str, Any]: ...
 
 
 class CommitFailed(ValueError):
@@ -115,7 +115,7 @@ class Publisher:
         started = time.monotonic()
         waiting: list[str | None] = [None]
         with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-            await self.daemon.flush(path or None, progress)
+            await self.daemon.flush(path or None, progress, must_exist=False)  # (says its own)
             under_way.stage = "waiting for the expected files"
             listed = await self._wait_for(prefix, expect, progress, waiting)
             under_way.stage = "computing checksums"
