@@ -147,21 +147,6 @@ class Uploads:
         log.warning("multipart upload of %s is gone; uploading its parts again", cf.key)
         cf.errors.failed(f"its multipart upload {upload_id} vanished from S3 (aborted or expired "
                   "behind the mount)")
-        await self._forget_upload(cf, upload_id)
-
-    async def _drop_upload(self, cf: CachedFile, upload_id: str) -> None:
-        """Abort the file's upload `upload_id` (if it is still the current one) and send
-        every part again in a new one."""
-        if cf.upload.id != upload_id or cf.upload.key is None:
-            return
-        try:
-            await self.store.call(self.store.sync.abort_multipart, cf.upload.key, upload_id)
-        except ObjectStoreError as exc:  # (left to the next mount's clean-up of uploads)
-            log.info("aborting upload %s of %s: %s", upload_id, cf.key, exc)
-        if cf.upload.id == upload_id:
-            await self._forget_upload(cf, upload_id)
-
-    async def _forget_upload(self, cf: CachedFile, upload_id: str) -> None:
         await self.journal(self.journal.sync.end_upload, upload_id)
         cf.take_upload()
         self.uploaded_to_dirty(cf)
@@ -301,7 +286,8 @@ class Uploads:
                                         "from now on", exc)
                         # (the endpoint may have taken the copy for an empty part, which it
                         # will not let be replaced: the upload starts again)
-                        await self._drop_upload(cf, upload_id)
+                        if cf.upload.id == upload_id:
+                            await self.abandon(cf)
                         raise CommitSuperseded from None
                 with self.cache.book.pinned(cf, [idx]):  # its bytes from S3, then up
                     await self.cache.fetcher.ensure_chunk(cf, idx)
