@@ -21,6 +21,15 @@ file; every other chunk goes up (again). So a sequential writer is durable about
 as its tail is uploaded, and a writer that goes back (random overwrites, a header
 rewritten at the end) still commits exactly what it wrote.
 
+The daemon path makes a writer wait at --max-dirty and while the cache disk has no room;
+a passthrough writer is held at the same bounds by the kernel itself (`cache.writegate`):
+its cache file is marked before its open is answered, the mark speaks up once the cache
+comes NEAR a bound, and past it every access of the marked files by another process waits
+until uploads (or eviction) bring the cache back under it. Where nothing but the writers'
+own open files fills the cache (clean chunks of open files cannot be evicted, and parts of
+an upload not yet complete cannot be read back from S3), they go on: one file larger than
+the cache fills it as far as the disk allows, in passthrough as through the daemon.
+
 Streaming needs CPU (the CRC pass, the send), and so does the S3 server where it shares
 the machine. While the writers alone keep every core busy (as many writing at least
 BUSY_WRITER bytes a second as the daemon has cores, as DCP's writer threads can),
@@ -35,6 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from dataclasses import dataclass
 
 import trio
 
@@ -44,6 +54,7 @@ from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.reader import Reader
+from lakefs_mount.cache.writegate import WriteGate
 from lakefs_mount.cache.writer import Writer
 from lakefs_mount.config import HooksForTests
 from lakefs_mount.s3.layout import MAX_OBJECT_SIZE, PartMap
@@ -54,6 +65,7 @@ WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
 BUSY_WRITER = 64 << 20  # bytes a second: a writer at least this fast keeps a core busy
 CALM_AFTER = 0.3  # seconds the cores stay free before streaming goes on again
 HOLD_AT_MOST = 5.0  # seconds of busy writers after which streaming goes on all the same
+NEAR = 0.75  # of a bound (--max-dirty, disk room): from here the writers' marks speak up
 
 
 class Passthrough:
@@ -71,7 +83,15 @@ class Passthrough:
         self.cores = hooks.cores or len(os.sched_getaffinity(0))
         self.slow_take_over = hooks.slow_take_over
         self._blocks: weakref.WeakKeyDictionary[CachedFile, int] = weakref.WeakKeyDictionary()
+        self._blocks_at_open: weakref.WeakKeyDictionary[CachedFile, int] = (
+            weakref.WeakKeyDictionary())
         self._first = WritersFirst()
+        self._gate: WriteGate | None = None  # opened at the first writer (`_gated`)
+        self._gate_tried = False
+        self._gate_holds = 0  # the gate's `holds` counted into the metrics so far
+        self._loud = False  # whether the writers' marks report accesses now
+        self._marked: dict[CachedFile, _Mark] = {}
+        self._grew = 0  # bytes the writers added to their cache files in the last look
         # one look at a file at a time: the watcher's hand-over of chunks and `sync`
         self._looking: weakref.WeakKeyDictionary[CachedFile, trio.Lock] = (
             weakref.WeakKeyDictionary())
@@ -79,11 +99,21 @@ class Passthrough:
     async def run(self) -> None:
         """Stream what passthrough writers have left behind (see the module's docstring)."""
         looked = trio.current_time()
+        try:
+            await self._watch(looked)
+        finally:
+            if self._gate is not None:
+                self._gate.close()  # (every access still held goes on)
+                self._gate = None
+
+    async def _watch(self, looked: float) -> None:
         while True:
             await trio.sleep(WATCH_EVERY)
             now = trio.current_time()
-            held = self._first.holds(now, self._cores_busy(now - looked))
+            busy = self._cores_busy(now - looked)
             looked = now
+            self._steer_gate(now)  # (near a bound, the writers wait and streaming goes on)
+            held = self._first.holds(now, busy) and not self._loud
             if held:
                 self.metrics[m.STREAMING_HELD] += 1
                 continue
@@ -93,11 +123,107 @@ class Passthrough:
                 except OSError as exc:  # a full disk, a vanished file: the last close syncs
                     log.warning("watching %s: %s", cf.key, exc)
 
+    def _gated(self) -> WriteGate | None:
+        """The gate, opened at the first writer; None where the kernel has none (then
+        passthrough writers are not held: said once)."""
+        if not self._gate_tried:
+            self._gate_tried = True
+            gate = WriteGate()
+            try:
+                gate.open()
+            except OSError as exc:
+                log.info("passthrough writers cannot be held at --max-dirty: %s", exc)
+            else:
+                self._gate = gate
+                gate.admit(self._headroom())
+        return self._gate
+
+    def _mark(self, cf: CachedFile, gate: WriteGate) -> None:
+        """Before the writer's open is answered: its accesses can be held from now on."""
+        if cf in self._marked or cf.fid is None:
+            return
+        try:
+            gate.watch(self.cachefiles.path(cf.fid))
+        except OSError as exc:  # (this file then goes unheld)
+            log.warning("marking %s for holding its writers: %s", cf.key, exc)
+            return
+        self._marked[cf] = _Mark(since=trio.current_time())
+
+    def _unmark(self, cf: CachedFile) -> None:
+        if self._marked.pop(cf, None) is not None and self._gate is not None \
+                and cf.fid is not None:
+            self._gate.quiet(self.cachefiles.path(cf.fid))
+
+    def _steer_gate(self, now: float) -> None:
+        """What other processes may still write into the marked files before they wait:
+        the room left under --max-dirty and on the cache disk; marks loud near either
+        bound, quiet otherwise (each access reported costs a round trip to the gate's
+        thread). A file marked less than a look ago stays loud: its open may not have
+        reached the kernel yet."""
+        gate = self._gate
+        if gate is None:
+            return
+        room = self._headroom()
+        # quiet, the writers go unheld until the next look: only while they cannot reach
+        # the bound by then at the last look's pace (a look they were held in says
+        # nothing of it: loud, the marks stay loud until the writers are far from it)
+        far = self.book.max_dirty - self._near
+        loud = room is not None and (room < max(self._near, 3 * self._grew)
+                                     or self._loud and room < far)
+        if room == 0:
+            self.book.demand.pressure()  # every full dirty chunk goes up now
+        gate.admit(room)  # (a quiet mark reports nothing: only loud ones count it down)
+        if gate.holds != self._gate_holds:
+            self.metrics[m.PASSTHROUGH_WRITES_HELD] += gate.holds - self._gate_holds
+            self._gate_holds = gate.holds
+        for cf, mark in list(self._marked.items()):
+            want = loud or now - mark.since <= WATCH_EVERY
+            if cf.fid is None or want == mark.loud:
+                continue
+            path = self.cachefiles.path(cf.fid)
+            try:
+                gate.watch(path) if want else gate.quiet(path)
+            except OSError as exc:  # (a file gone meanwhile)
+                log.debug("marking %s: %s", cf.key, exc)
+            else:
+                mark.loud = want
+        self._loud = loud
+
+    def _headroom(self) -> int | None:
+        """Bytes writers may add before the daemon path would make them wait: under
+        --max-dirty and on the cache disk (a part kept free). None when there is none and
+        nothing drains (no upload under way or queued, no whole part to hand over):
+        waiting could not end, and the writers go on, as on the daemon path."""
+        unsent = self._not_handed_over()
+        dirty = self.book.max_dirty - self.book.dirty_bytes - unsent
+        disk = self.room.disk_room(set()) - self.parts.part_size
+        room = max(0, min(dirty, disk))
+        if not room and unsent < self.parts.part_size and not self.book.demand.busy():
+            return None
+        return room
+
+    def _not_handed_over(self) -> int:
+        """Bytes the writers added to their cache files since their open that no chunk
+        handed to the flusher counts yet (the watcher hands over only whole chunks, and
+        none while the writers keep every core busy)."""
+        total = 0
+        for cf in self.writing:
+            grown = self._blocks.get(cf, 0) - self._blocks_at_open.get(cf, 0)
+            handed = sum(ch.held for idx in cf.pt.streamed
+                         if (ch := cf.chunks.get(idx)) and ch.state is not ChunkState.CLEAN)
+            total += max(0, grown - handed)
+        return total
+
+    @property
+    def _near(self) -> int:
+        """Headroom below which the marks speak up (NEAR of --max-dirty)."""
+        return int(self.book.max_dirty * (1 - NEAR))
+
     def _cores_busy(self, seconds: float) -> bool:
         """Whether the passthrough writers alone kept every core busy since the last look:
         each that wrote at least BUSY_WRITER bytes a second (blocks allocated: a writer
         that set the size first fills holes) keeps one core copying."""
-        busy = 0
+        busy = self._grew = 0
         for cf in self.writing:
             if cf.fid is None or cf.unlinked:
                 continue
@@ -108,6 +234,7 @@ class Passthrough:
             grew = blocks - self._blocks.get(cf, blocks)
             self._blocks[cf] = blocks
             busy += grew >= BUSY_WRITER * seconds
+            self._grew += max(0, grew)
         return busy >= self.cores
 
     def _look(self, cf: CachedFile) -> trio.Lock:
@@ -134,8 +261,8 @@ class Passthrough:
         assert cf.fid is not None  # (a thread: SEEK_HOLE waits for a write() under way)
         written = await trio.to_thread.run_sync(
             _written_up_to, self.cachefiles.path(cf.fid), seen[0], abandon_on_cancel=True)
-        behind = self.parts.chunk_of(written - 1) if written else 0
-        todo = [i for i in range(behind) if i not in cf.pt.streamed]
+        full = self.parts.chunk_of(written) if written else 0  # the chunks wholly written
+        todo = [i for i in range(full) if i not in cf.pt.streamed]
         if todo:
             cf.pt.streamed.update(todo)
             await self.writer.stream_written(cf, todo)
@@ -160,6 +287,10 @@ class Passthrough:
                 os.ftruncate(fd, cf.size)
             if writable:
                 self._blocks.setdefault(cf, st.st_blocks * 512)  # its first look counts
+                self._blocks_at_open.setdefault(cf, st.st_blocks * 512)
+                gate = self._gated()
+                if gate is not None:
+                    self._mark(cf, gate)
                 await self._recorded(cf)
         except BaseException:
             if fd >= 0:
@@ -222,6 +353,8 @@ class Passthrough:
                 cf.pt.recorded = None
                 self.writing.discard(cf)
                 self._blocks.pop(cf, None)
+                self._blocks_at_open.pop(cf, None)
+                self._unmark(cf)
                 try:
                     with trio.CancelScope(shield=True):
                         await self.sync(cf)
@@ -308,6 +441,14 @@ class Passthrough:
         assert cf.fid is not None
         st = os.stat(self.cachefiles.path(cf.fid))
         return st.st_size, st.st_mtime_ns
+
+
+@dataclass
+class _Mark:
+    """A writer's cache file marked for the gate: since when, and whether it reports."""
+
+    since: float  # trio time
+    loud: bool = True
 
 
 class WritersFirst:

@@ -330,6 +330,9 @@ class Writer:
             need = await self._not_dirty_yet(cf, indices)
             if need:
                 await self._journal_dirty(cf, need)
+            # (a chunk made dirty while the file was shorter, as the first at its create,
+            # counts its bytes now: --max-dirty holds passthrough writers to them)
+            self.book.grow_held(cf, range(min(indices), max(indices) + 1))
             for idx in indices:
                 ch = cf.chunks[idx]
                 ch.direct = False  # in the page cache: read it back buffered

@@ -39,6 +39,7 @@ WRITE_REQUESTS = "write_requests"
 TEMPORARIES_HELD = "temporaries_held"
 LATE_COMMITS_UNDONE = "late_commits_undone"
 STREAMING_HELD = "streaming_held"
+PASSTHROUGH_WRITES_HELD = "passthrough_writes_held"
 INTENTS_JOURNALLED = "intents_journalled"
 
 # Every counter with what it counts: the help text of its Prometheus counter.
@@ -76,6 +77,8 @@ COUNTERS: dict[str, str] = {
     PASSTHROUGH_OPENS: "Opens the kernel serves from the cache file itself.",
     STREAMING_HELD: ("Looks at passthrough writers that left their parts for later, since"
                      " the writers kept every core busy."),
+    PASSTHROUGH_WRITES_HELD: ("Reads and writes of files written in passthrough that waited"
+                              " for --max-dirty or cache disk room (fanotify)."),
     READ_REQUESTS: "FUSE READs the daemon served (none for passthrough opens).",
     SPLICED_READS: "FUSE READs answered with the cache file's pages, spliced (no copy).",
     WRITE_REQUESTS: "FUSE WRITEs the daemon served.",

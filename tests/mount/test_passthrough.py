@@ -5,6 +5,7 @@ application wrote (real mount, real SeaweedFS)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -12,6 +13,7 @@ import random
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 
 import pytest
@@ -339,6 +341,77 @@ def test_kill9_after_small_files_were_closed_in_passthrough_loses_nothing(mount_
     for name, data in written.items():
         assert body(s3, f"shards/{name}") == data
         assert os.stat(m.path / "shards" / name).st_mtime_ns == seen[name].st_mtime_ns
+
+
+class _Writer(threading.Thread):
+    """Writes `data` in 1 MiB pieces to `path` in this process (not the daemon), counting
+    what its write()s returned."""
+
+    def __init__(self, path, data: bytes) -> None:
+        super().__init__(daemon=True)
+        self.path, self.data, self.written, self.error = path, data, 0, None
+
+    def run(self) -> None:
+        try:
+            with open(self.path, "wb") as f:
+                for i in range(0, len(self.data), MiB):
+                    self.written += f.write(self.data[i:i + MiB])
+        except OSError as exc:
+            self.error = exc
+
+
+def _held_mount(mount_factory, fault_proxy):
+    """A mount whose PUTs the proxy holds (until `release_keys`): S3 takes nothing."""
+    fault_proxy.parse_requests = True
+    fault_proxy.delay_requests(lambda method, target: method == "PUT")
+    return mount_factory("--part-size", "8M", "--max-dirty", "16M", "--cache-size", "64M",
+                         "--commit-delay", "0", endpoint_url=fault_proxy.endpoint_url)
+
+
+def test_a_passthrough_writer_waits_at_max_dirty_until_uploads_drain(mount_factory,
+                                                                     fault_proxy, s3):
+    """The daemon never sees a passthrough write, yet the writer is held at --max-dirty,
+    as one through the daemon is: the kernel asks the daemon (fanotify) before each write
+    of a file near the bound. With S3 taking nothing, the writer stops within a write of
+    16 MiB; once S3 takes the parts it goes on, and S3 gets every byte."""
+    m = _held_mount(mount_factory, fault_proxy)
+    data = random.randbytes(48 * MiB)
+    writer = _Writer(m.path / "big.bin", data)
+    writer.start()
+    time.sleep(3)
+    assert writer.is_alive() and writer.written <= 17 * MiB, writer.written
+    c = m.counters()
+    assert c["passthrough_opens"] == 1 and c["passthrough_writes_held"] >= 1
+    assert m.status()["dirty_bytes"] <= 17 * MiB
+    fault_proxy.release_keys()
+    writer.join(60)
+    assert not writer.is_alive() and writer.error is None and writer.written == len(data)
+    flushed(m)
+    assert body(s3, "big.bin") == data
+
+
+def test_a_held_passthrough_writer_goes_on_when_its_daemon_is_killed(mount_factory,
+                                                                   fault_proxy, s3):
+    """A writer held at --max-dirty is never left stuck by a daemon that dies: the kernel
+    lets its held write go when the daemon's fanotify group goes (then the dead
+    connection refuses the next one, as for any write after a crash), and every byte
+    acknowledged before reaches S3 through the next mount's recovery (D21)."""
+    m = _held_mount(mount_factory, fault_proxy)
+    data = random.randbytes(32 * MiB)
+    writer = _Writer(m.path / "big.bin", data)
+    writer.start()
+    assert wait_for(lambda: m.counters().get("passthrough_writes_held", 0) >= 1, 10)
+    m.kill9()
+    writer.join(20)
+    assert not writer.is_alive(), "the writer is still held after its daemon died"
+    assert writer.error is None or writer.error.errno == errno.ENOTCONN, writer.error
+    acknowledged = writer.written
+    assert acknowledged >= 8 * MiB
+    fault_proxy.release_keys()
+    m.start()
+    flushed(m)
+    landed = body(s3, "big.bin")
+    assert len(landed) >= acknowledged and landed[:acknowledged] == data[:acknowledged]
 
 
 def test_eviction_leaves_a_passthrough_file_alone(mount_factory, s3):
