@@ -164,6 +164,7 @@ class Daemon:
         if config.fuse_session != "pyfuse3":
             native = NativeSession(KernelOps(self.core.fs), config.mountpoint,
                                    allow_other=config.allow_other, read_only=config.read_only,
+                                   allow_root=config.allow_root,
                                    probe_dir=self.core.cache.data_dir,
                                    source=config.mount_source)
             try:
@@ -175,6 +176,7 @@ class Daemon:
                 log.info("FUSE session: pyfuse3, as the native session cannot start: %s", exc)
         session = Pyfuse3Session(self.core.fs, str(config.mountpoint),
                                  allow_other=config.allow_other, read_only=config.read_only,
+                                 allow_root=config.allow_root,
                                  source=config.mount_source)
         await session.mount()
         return session

@@ -200,9 +200,10 @@ def check_mountpoint(path: Path, *, _retry: bool = True) -> None:
 
 
 def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
-                     device: Path = FUSE_DEVICE) -> None:
+                     device: Path = FUSE_DEVICE, option: str = "--allow-other") -> None:
     """What a mount by a user other than root (through fusermount3) needs from root:
-    /dev/fuse open to the user, and user_allow_other in /etc/fuse.conf for --allow-other.
+    /dev/fuse open to the user, and user_allow_other in /etc/fuse.conf for --allow-other
+    (or --allow-root, named by `option`: both let others past the kernel).
     Said before the daemon starts, with the remedy, instead of in its log."""
     if os.geteuid() == 0:
         return
@@ -221,9 +222,9 @@ def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
     except OSError:
         allowed = False
     if not allowed:
-        raise MountpointError(f"--allow-other for a mount by a user other than root needs "
+        raise MountpointError(f"{option} for a mount by a user other than root needs "
                               f"the line user_allow_other in {conf}; ask root to add it, or "
-                              f"mount without --allow-other")
+                              f"mount without {option}")
 
 
 def check_cache_dir(path: Path) -> None:
