@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
-from lakefs_mount.cli.errors import PROG, CliError
+from lakefs_mount.cli.errors import PROG, CliError, MountStatus
 from lakefs_mount.cli.params import ENDPOINT, ID, MODE, SIZE, abs_path, is_relative_to
 from lakefs_mount.config import (
     HooksForTests,
@@ -34,7 +34,8 @@ from lakefs_mount.ops.mountpoint import (
 MOUNT_EPILOG = """\b
 Exit status: 0 mounted; 2 bad arguments, or a mount point / cache directory that cannot
 be used (missing, not a directory, not empty, already mounted, not writable); 1 the mount
-itself failed (S3 unreachable, wrong credentials, daemon died).
+itself failed (S3 unreachable, wrong credentials, daemon died); 130 interrupted.
+The mount(8) helper (mount -t fuse.lakefs-mount) exits as mount(8) does instead.
 """
 
 
@@ -135,8 +136,14 @@ def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     config = _build_config(ctx, args, opts)
     try:
         check_mountpoint(config.mountpoint)
+    except MountpointError as exc:
+        raise CliError(str(exc), 2) from None
+    try:  # what root must allow first: mount(8) counts it as a matter of permissions
         check_user_mount(config.allow_other or config.allow_root,
                          option="--allow-root" if config.allow_root else "--allow-other")
+    except MountpointError as exc:
+        raise CliError(str(exc), 2, MountStatus.USAGE) from None
+    try:
         check_cache_dir(config.resolved_cache_dir())
     except MountpointError as exc:
         raise CliError(str(exc), 2) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -13,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from lakefs_mount.cli.main import cli
+from lakefs_mount.cli.main import cli as lakefs_mount_cli
 from lakefs_mount.cli.mount_options import HelperError, mount_arguments, translate
 from lakefs_mount.ops.mountpoint import is_mounted
+from tests.mounting import cli
+from tests.ops.test_mount_errors import daemons_for
 from tests.ops.test_mountpoint import needs_fuse, needs_root
 
 # /etc/fstab and /sbin's helper link are the machine's: one test at a time (tests/conftest.py)
@@ -27,7 +29,7 @@ HELPER_LINK = Path("/sbin/mount.fuse.lakefs-mount")
 HELPER = Path(sys.executable).parent / "mount.fuse.lakefs-mount"
 FSTAB = Path("/etc/fstab")
 EXIT_WAIT = 120.0  # seconds the daemon may take to commit what is left after umount
-MOUNT_COMMAND = cli.commands["mount"]
+MOUNT_COMMAND = lakefs_mount_cli.commands["mount"]
 
 
 def test_every_mount_option_has_an_o_spelling_with_underscores_or_dashes():
@@ -178,14 +180,13 @@ def test_fstab_line_mounts_with_mount_dir_and_umount_leaves_every_byte_in_s3(
 
 
 def test_the_mount_fuse3_command_line_of_lakefs_mount_is_a_helper_call(tmp_path):
-    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items."""
-    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
-                                      "cache_dir=/tmp/c,dev,suid,bogus=1"])
-    assert result.exit_code == 1
-    assert "unknown mount option 'bogus'" in result.stderr
-    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
-                                      f"cache_dir={tmp_path / 'c'},dev,suid"])
-    assert result.exit_code == 2 and "does not exist" in result.stderr  # `mount` checked it
+    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items;
+    that command line exits as the helper does (mount(8)'s statuses)."""
+    proc = cli("s3://b", str(tmp_path / "missing"), "-o", "cache_dir=/tmp/c,dev,suid,bogus=1")
+    assert proc.returncode == 1
+    assert "unknown mount option 'bogus'" in proc.stderr
+    proc = cli("s3://b", str(tmp_path / "missing"), "-o", f"cache_dir={tmp_path / 'c'},dev,suid")
+    assert proc.returncode == 32 and "does not exist" in proc.stderr  # `mount` checked it
 
 
 @needs_root
@@ -215,3 +216,74 @@ def test_findmnt_shows_the_helpers_type_and_the_mounted_source(mount_factory, bu
     shown = subprocess.run(["findmnt", "-n", "-t", "fuse.lakefs-mount", "-o", "SOURCE",
                             "--mountpoint", str(m.path)], capture_output=True, text=True)
     assert shown.stdout.split() == [f"s3://{bucket}/ckpt/run1"], shown
+
+
+# ------------------------------------------------------------- mount(8)'s exit statuses
+
+
+def _helper(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HELPER), *argv], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_the_helper_exits_1_on_incorrect_invocation(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for argv, said in ((["s3://b", str(mnt), "-o", "bogus=1"], "unknown mount option"),
+                       (["s3://b", str(mnt), "-o", "part_size=3M"], "'--part-size'"),
+                       (["s3://b", str(mnt), "-o", "uid=x"], "'--uid'"),
+                       (["s3://b", str(mnt), "-o", "allow_root,allow_other"], "exclude"),
+                       (["s3://b"], "required")):
+        proc = _helper(*argv)
+        assert (proc.returncode, said in proc.stderr) == (1, True), (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_the_helper_exits_32_when_the_mount_fails(mount_factory, s3_server, tmp_path):
+    mounted = mount_factory()
+    free = tmp_path / "free"
+    free.mkdir()
+    cases = {
+        "missing mount point": ([f"s3://{mounted.bucket}", str(tmp_path / "nowhere")],
+                                "does not exist"),
+        "missing bucket": (["s3://no-such-bucket-h52", str(free)], "does not exist"),
+        "busy mount point": ([f"s3://{mounted.bucket}", str(mounted.path)], "already mounted"),
+    }
+    for case, (argv, said) in cases.items():
+        proc = _helper(*argv, "-o", f"endpoint_url={s3_server.endpoint_url},"
+                                    f"cache_dir={tmp_path / 'c'},log_file={tmp_path / 'log'}")
+        assert (proc.returncode, said in proc.stderr) == (32, True), (case, proc.stderr)
+    assert mounted.status()["pid"] == mounted.pid  # the busy one still serves
+
+
+def test_ctrl_c_to_the_helper_while_it_mounts_exits_8_and_mounts_nothing(
+        bucket, fault_proxy, tmp_path):
+    """mount(8)'s "user interrupt": Ctrl-C reaches the helper's process group while the
+    daemon waits for an S3 that does not answer."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fault_proxy.hang = True  # the start-up bucket check waits
+    proc = subprocess.Popen([str(HELPER), f"s3://{bucket}", str(mnt), "-o",
+                             f"endpoint_url={fault_proxy.endpoint_url},"
+                             f"cache_dir={tmp_path / 'c'},log_file={tmp_path / 'log'}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        # the helper, the `lakefs-mount mount` it runs, and the daemon that one forked
+        while len(daemons_for(mnt)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(daemons_for(mnt)) == 3, "the daemon did not start"
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: not the daemon (setsid)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        fault_proxy.hang = False
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 8, err
+    assert "lakefs-mount: interrupted" in err, err
+    deadline = time.monotonic() + 30
+    while daemons_for(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemons_for(mnt) == [] and not is_mounted(mnt)
