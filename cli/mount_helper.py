@@ -4,7 +4,9 @@ and exits as mount(8) does: 0 mounted, 1 bad usage or permissions, 2 system erro
 bug, 8 interrupted, 32 the mount failed.
 
 `lakefs-mount mount` runs as a process of its own, told to exit with mount(8)'s statuses
-(it alone knows a bad argument from a busy mount point)."""
+(it alone knows a bad argument from a busy mount point), with the variables of the `env.`
+items added to its environment: the daemon it forks keeps that command line, never the
+helper's, whose `-o` holds their values (which `ps` would show for the mount's life)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import click
 
 from lakefs_mount.cli.errors import EXIT_STATUS_ENV, MOUNT8, PROG, MountStatus
-from lakefs_mount.cli.mount_options import HELPER, HelperError, mount_arguments
+from lakefs_mount.cli.mount_options import HELPER, HelperError, mount_arguments, shown_env
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,10 +38,11 @@ def run(argv: Sequence[str]) -> int:
     except SystemExit as exc:  # argparse: --help (0), or a bad command line (2)
         return MountStatus.USAGE if exc.code else MountStatus.OK
     if ns.verbose or ns.fake:
-        click.echo(f"{HELPER}: {PROG} {' '.join(args)}", err=True)
+        env = f"{shown_env(ns.env)} " if ns.env else ""
+        click.echo(f"{HELPER}: {env}{PROG} {' '.join(args)}", err=True)
     if ns.fake:
         return MountStatus.OK
-    return _run_mount(args)
+    return _run_mount(args, ns.env)
 
 
 def _command() -> list[str]:
@@ -49,14 +52,14 @@ def _command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "lakefs_mount.cli"]
 
 
-def _run_mount(args: list[str]) -> int:
-    """`lakefs-mount ARGS`; its status, which is mount(8)'s already.
+def _run_mount(args: list[str], env: dict[str, str]) -> int:
+    """`lakefs-mount ARGS` with `env` added; its status, which is mount(8)'s already.
     Ctrl-C reaches it too (the terminal's process group): it stops what it started and
     says so, and the helper only waits for that."""
     signal.signal(signal.SIGINT, lambda _signum, _frame: None)  # (default again in it)
     try:
         child = subprocess.Popen([*_command(), *args],
-                                 env={**os.environ, EXIT_STATUS_ENV: MOUNT8})
+                                 env={**os.environ, **env, EXIT_STATUS_ENV: MOUNT8})
     except OSError as exc:
         click.echo(f"{HELPER}: cannot run {PROG}: {exc}", err=True)
         return MountStatus.SYSTEM

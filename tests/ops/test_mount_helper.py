@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,7 +219,7 @@ def test_findmnt_shows_the_helpers_type_and_the_mounted_source(mount_factory, bu
     assert shown.stdout.split() == [f"s3://{bucket}/ckpt/run1"], shown
 
 
-# ------------------------------------------------------------- mount(8)'s exit statuses
+# ------------------------------------------------- mount(8)'s exit statuses, env. items
 
 
 def _helper(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -233,6 +234,7 @@ def test_the_helper_exits_1_on_incorrect_invocation(tmp_path):
                        (["s3://b", str(mnt), "-o", "part_size=3M"], "'--part-size'"),
                        (["s3://b", str(mnt), "-o", "uid=x"], "'--uid'"),
                        (["s3://b", str(mnt), "-o", "allow_root,allow_other"], "exclude"),
+                       (["s3://b", str(mnt), "-o", "env.A-B=1"], "not an environment"),
                        (["s3://b"], "required")):
         proc = _helper(*argv)
         assert (proc.returncode, said in proc.stderr) == (1, True), (argv, proc.stderr)
@@ -287,3 +289,57 @@ def test_ctrl_c_to_the_helper_while_it_mounts_exits_8_and_mounts_nothing(
     while daemons_for(mnt) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert daemons_for(mnt) == [] and not is_mounted(mnt)
+
+
+def test_env_items_are_shown_by_the_helper_with_secret_looking_values_masked(tmp_path):
+    proc = _helper("s3://b", str(tmp_path), "-f", "-v", "-o",
+                   "env.AWS_PROFILE=train,env.AWS_SECRET_ACCESS_KEY=Sup3rSecretValue,"
+                   "env.AWS_SESSION_TOKEN=T0kenValue,env.AWS_CA_BUNDLE=/etc/ca.pem,max_dirty=1G")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (
+        "mount.fuse.lakefs-mount: AWS_PROFILE=train AWS_SECRET_ACCESS_KEY=*** "
+        "AWS_SESSION_TOKEN=*** AWS_CA_BUNDLE=/etc/ca.pem lakefs-mount mount --max-dirty 1G "
+        f"s3://b {tmp_path}")
+
+
+@needs_root
+@needs_fuse
+def test_env_items_give_the_daemon_its_credentials_and_no_process_shows_them(
+        helper_link, s3_auth_server, tmp_path):
+    """Credentials only in `env.` items reach the daemon (the server refuses anyone
+    else); the daemon's command line, its log and the mount's options never hold the
+    secret; uid=/file_mode= items set what a foreign object shows."""
+    bucket = f"env-{uuid.uuid4().hex[:12]}"
+    s3_auth_server.create_bucket(bucket)
+    secret = s3_auth_server.secret_key
+    assert secret and s3_auth_server.access_key
+    s3_auth_server.store(bucket).put("foreign.bin", b"from another tool", {})
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    options = (f"endpoint_url={s3_auth_server.endpoint_url},cache_dir={tmp_path / 'c'},"
+               f"log_file={log},log_level=DEBUG,uid=4321,file_mode=0600,"
+               f"env.AWS_ACCESS_KEY_ID={s3_auth_server.access_key},"
+               f"env.AWS_SECRET_ACCESS_KEY={secret}")
+    proc = subprocess.run(["mount", "-t", "fuse.lakefs-mount", f"s3://{bucket}", str(mnt),
+                           "-o", options], capture_output=True, text=True, timeout=180)
+    try:
+        assert proc.returncode == 0, proc.stderr + log.read_text(errors="replace")[-3000:]
+        st = os.stat(mnt / "foreign.bin")
+        assert (st.st_uid, oct(st.st_mode & 0o7777)) == (4321, "0o600")
+        assert (mnt / "foreign.bin").read_bytes() == b"from another tool"
+        daemons = daemons_for(mnt)
+        assert daemons, "no daemon"
+        shown = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                 for pid in daemons]
+        shown += [log.read_text(errors="replace"), Path("/proc/self/mountinfo").read_text()]
+        assert not [text for text in shown if secret in text]
+    finally:
+        pids = daemons_for(mnt)
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60)
+        deadline = time.monotonic() + EXIT_WAIT
+        while daemons_for(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in set(pids) & set(daemons_for(mnt)):  # (it should have exited by now)
+            os.kill(pid, signal.SIGKILL)
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
