@@ -264,10 +264,13 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "io_engine": self.engine_name,
             "fuse_session": self.session.name,
-            "passthrough": "on" if self.session.passthrough
-            else f"off ({self.session.passthrough_reason})",
+            # on/off as JSON booleans, each with why it is off (None when on)
+            "passthrough": self.session.passthrough,
+            "passthrough_reason": None if self.session.passthrough
+            else self.session.passthrough_reason,
             "splice_writes": self.splice_writes,
             "spliced_reads": self.session.spliced_reads,
+            "spliced_reads_reason": self.session.spliced_reads_reason or None,
             "dirty_bytes": cache.dirty_bytes,
             "oldest_dirty_s": cache.book.oldest_dirty_age(list(cache.files.values())),
             "max_dirty": cache.max_dirty,

@@ -193,7 +193,8 @@ class Pyfuse3Session:
     name = "pyfuse3"
     passthrough = False
     passthrough_reason = "pyfuse3 over libfuse 3.14 cannot negotiate it"
-    spliced_reads = "no (pyfuse3 copies every read reply)"
+    spliced_reads = False
+    spliced_reads_reason = "pyfuse3 copies every read reply"
 
     def __init__(self, fs: FileSystem, mountpoint: str, *, allow_other: bool,
                  read_only: bool, source: str = FSTYPE_NAME, allow_root: bool = False) -> None:

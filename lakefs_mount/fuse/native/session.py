@@ -93,7 +93,7 @@ class NativeSession:
         self.proto_minor = 0
         self.max_read = self.max_write  # (a user's mount: USER_MAX_READ, see `mount`)
         self.spliced_replies: SplicedReplies | None = None  # (made at `mount`)
-        self.spliced_reads = "not mounted yet"
+        self.spliced_reads_reason = "not mounted yet"  # why read replies are copied
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
@@ -114,9 +114,9 @@ class NativeSession:
                      "fusermount3, no passthrough); `auto` keeps it for a user's mount: it "
                      "serves writes through the daemon as pyfuse3 does, and it answers "
                      "interrupts", os.getuid())
-        self.spliced_replies, self.spliced_reads = SplicedReplies.open(self.max_read)
+        self.spliced_replies, self.spliced_reads_reason = SplicedReplies.open(self.max_read)
         if self.spliced_replies is None:
-            log.info("read replies are copied, not spliced: %s", self.spliced_reads)
+            log.info("read replies are copied, not spliced: %s", self.spliced_reads_reason)
 
     async def serve(self) -> None:
         """Serve requests until the mount goes away (or `terminate`)."""
@@ -126,6 +126,10 @@ class NativeSession:
                     await self._read_loop(nursery)
                 finally:
                     nursery.cancel_scope.cancel()
+
+    @property
+    def spliced_reads(self) -> bool:
+        return self.spliced_replies is not None
 
     def terminate(self) -> None:
         self._cancel.cancel()
