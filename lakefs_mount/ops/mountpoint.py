@@ -35,6 +35,17 @@ class MountEntry:
     fstype: str
     source: str
     device: str = ""  # "major:minor", also the name of its backing device in sysfs
+    options: str = ""  # the filesystem's own (FUSE: user_id=N,group_id=N,...)
+
+    @property
+    def fuse_owner(self) -> int | None:
+        """The uid that made a FUSE mount (its `user_id=`, set by the kernel's caller:
+        mount(2) as root, or fusermount3 as the user)."""
+        for option in self.options.split(","):
+            name, _, value = option.partition("=")
+            if name == "user_id" and value.isdigit():
+                return int(value)
+        return None
 
 
 def _unescape(field: str) -> str:
@@ -53,7 +64,7 @@ def read_mountinfo(path: Path = MOUNTINFO) -> list[MountEntry]:
         if len(fields) < 5 or len(tail) < 2:
             continue
         entries.append(MountEntry(_unescape(fields[4]), _unescape(tail[0]), _unescape(tail[1]),
-                                  fields[2]))
+                                  fields[2], tail[2] if len(tail) > 2 else ""))
     return entries
 
 

@@ -9,7 +9,9 @@ mount afterwards, also when the test fails."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 
 from benchmarks.asuser import FUSE_DEVICE, User, fuse_device_for, throwaway_user, wait_gone
 from lakefs_mount.ops.mountpoint import find_mount, is_mounted
+from tests.mounting import cli
 
 # /dev/fuse's ACL and useradd are the machine's: one test at a time (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("machine")
@@ -109,6 +112,29 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
     assert not is_mounted(user.mnt)
     assert s3.get("dir/b.txt")[1] == b"changed"
     assert "Traceback" not in user.log()
+
+
+def test_root_finds_the_daemon_of_a_users_mount_for_status(user, fuse_access, s3_server,
+                                                            bucket):
+    """The user's daemon listens under the user's runtime directory, which root's
+    environment does not name: root's `status` finds it through the mount's owner
+    (mountinfo's user_id) and the bound socket of that name the owner holds."""
+    proc = user.cli("mount", f"s3://{bucket}", str(user.mnt),
+                    "--endpoint-url", s3_server.endpoint_url)
+    assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
+    pid = int(user.status()["pid"])
+    try:
+        as_root = cli("status", str(user.mnt), "--json")
+        assert as_root.returncode == 0, as_root.stderr
+        status = json.loads(as_root.stdout)
+        assert (status["pid"], status["mountpoint"]) == (pid, str(user.mnt)), status
+        table = cli("status", str(user.mnt))
+        assert table.returncode == 0 and re.search(rf"^daemon pid +{pid}$", table.stdout,
+                                                   re.MULTILINE), table
+    finally:
+        unmount = user.cli("unmount", str(user.mnt))
+    assert unmount.returncode == 0, unmount.stderr
+    assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
 
 
 def _as_nobody() -> None:
