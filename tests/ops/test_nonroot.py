@@ -218,3 +218,31 @@ def test_a_user_mount_with_allow_other_where_root_allowed_it_lets_other_users_in
     assert unmount.returncode == 0, unmount.stderr
     assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
     assert s3.get("f")[1] == b"shared"
+
+
+def test_a_user_mount_with_allow_root_lets_root_in_and_no_other_user(
+        user, fuse_access, s3_server, bucket):
+    """--allow-root, where root allowed it (user_allow_other in its namespace's
+    /etc/fuse.conf): root reads the user's files, user nobody is refused (EACCES from
+    the daemon, as libfuse's allow_root) even where the mode would let it read."""
+    conf = user.root / "fuse.conf"
+    conf.write_text("user_allow_other\n")
+    proc = _cli_in_namespace(user, {conf: Path("/etc/fuse.conf")}, "mount", f"s3://{bucket}",
+                             str(user.mnt), "--endpoint-url", s3_server.endpoint_url,
+                             "--allow-root")
+    assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
+    pid = int(user.status()["pid"])
+    try:
+        as_user = _in_namespace_of(pid, user.uid, user.gid, ["/bin/sh", "-c",
+                                   f"printf mine > {user.mnt}/f && chmod 644 {user.mnt}/f"],
+                                   user.env())
+        assert as_user.returncode == 0, as_user.stderr
+        root = _in_namespace_of(pid, 0, 0, ["/bin/cat", f"{user.mnt}/f"], {})
+        assert root.returncode == 0 and root.stdout == "mine", root
+        other = _in_namespace_of(pid, NOBODY, NOBODY, ["/bin/cat", f"{user.mnt}/f"], {})
+        assert other.returncode != 0 and "ermission denied" in other.stderr, other
+    finally:
+        unmount = _in_namespace_of(pid, user.uid, user.gid,
+                                   user.cli_argv("unmount", str(user.mnt)), user.env())
+    assert unmount.returncode == 0, unmount.stderr
+    assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
