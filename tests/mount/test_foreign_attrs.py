@@ -42,6 +42,10 @@ def test_foreign_objects_show_the_owner_and_modes_the_mount_was_given(
     mine.write_bytes(b"y")
     os.chmod(mine, 0o600)
     assert _shown(mine) == (os.getuid(), os.getgid(), 0o600)  # its own, not the defaults
+    os.chmod(m.path / "dataset" / "shard-0.bin", 0o604)  # stored now: it wins from here on
+    assert m.flush().returncode == 0
+    again = mount_factory("--uid", "77", "--file-mode", "0400", name="again")  # new cache
+    assert _shown(again.path / "dataset" / "shard-0.bin") == (1234, 2345, 0o604)
 
 
 def test_without_options_foreign_objects_show_the_mounter_and_0644_0755(
