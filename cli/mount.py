@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from lakefs_mount.cli.daemonize import daemonize, run_foreground
-from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import ENDPOINT, SIZE, abs_path, is_relative_to
+from lakefs_mount.cli.errors import PROG, CliError, MountStatus
+from lakefs_mount.cli.params import ENDPOINT, ID, MODE, SIZE, abs_path, is_relative_to
 from lakefs_mount.config import (
     HooksForTests,
     MiB,
@@ -34,7 +34,8 @@ from lakefs_mount.ops.mountpoint import (
 MOUNT_EPILOG = """\b
 Exit status: 0 mounted; 2 bad arguments, or a mount point / cache directory that cannot
 be used (missing, not a directory, not empty, already mounted, not writable); 1 the mount
-itself failed (S3 unreachable, wrong credentials, daemon died).
+itself failed (S3 unreachable, wrong credentials, daemon died); 130 interrupted.
+The mount(8) helper (mount -t fuse.lakefs-mount) exits as mount(8) does instead.
 """
 
 
@@ -79,6 +80,16 @@ def _default_note(ctx: click.Context, name: str) -> str:
               show_default=True, help="Parallel part uploads.")
 @click.option("--foreground", "-f", is_flag=True, help="Stay in the foreground, log to stderr.")
 @click.option("--allow-other", is_flag=True, help="Let other users access the mount.")
+@click.option("--allow-root", is_flag=True,
+              help="Let root access the mount too (not with --allow-other).")
+@click.option("--uid", type=ID, metavar="UID", help="Owner shown for objects that carry no "
+              "owner of their own (written by other tools; default: the mounting user).")
+@click.option("--gid", type=ID, metavar="GID", help="Group shown for objects that carry no "
+              "group of their own (default: the mounting user's).")
+@click.option("--file-mode", type=MODE, default="0644", show_default=True,
+              help="Mode (octal) shown for files that carry none of their own.")
+@click.option("--dir-mode", type=MODE, default="0755", show_default=True,
+              help="Mode (octal) shown for directories that carry none of their own.")
 @click.option("--read-only", is_flag=True, help="Mount read-only.")
 @click.option("--fsync", "fsync_mode", type=click.Choice(["local", "remote"]), default="local",
               show_default=True,
@@ -125,7 +136,14 @@ def mount(ctx: click.Context, args: tuple[str, ...], **opts: Any) -> None:
     config = _build_config(ctx, args, opts)
     try:
         check_mountpoint(config.mountpoint)
-        check_user_mount(config.allow_other)
+    except MountpointError as exc:
+        raise CliError(str(exc), 2) from None
+    try:  # what root must allow first: mount(8) counts it as a matter of permissions
+        check_user_mount(config.allow_other or config.allow_root,
+                         option="--allow-root" if config.allow_root else "--allow-other")
+    except MountpointError as exc:
+        raise CliError(str(exc), 2, MountStatus.USAGE) from None
+    try:
         check_cache_dir(config.resolved_cache_dir())
     except MountpointError as exc:
         raise CliError(str(exc), 2) from None
@@ -160,6 +178,9 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
                 raise click.UsageError(f"--{name.replace('_', '-')} needs a SOURCE "
                                        f"(s3://bucket[/prefix]); without one the embedded "
                                        f"server is used", ctx)
+    if opts["allow_other"] and opts["allow_root"]:
+        raise click.UsageError("--allow-other and --allow-root exclude each other "
+                               "(--allow-other lets root in too)", ctx)
     if source is not None and opts["embedded_dir"] is not None:
         raise click.UsageError("--embedded-dir applies only without SOURCE", ctx)
     part_size = opts["part_size"]
@@ -200,6 +221,8 @@ def _build_config(ctx: click.Context, args: tuple[str, ...], opts: dict[str, Any
         region=opts["region"], profile=opts["profile"], cache_dir=cache_dir,
         cache_size=opts["cache_size"], max_dirty=opts["max_dirty"], part_size=part_size,
         upload_concurrency=opts["upload_concurrency"], allow_other=opts["allow_other"],
+        allow_root=opts["allow_root"], uid=opts["uid"], gid=opts["gid"],
+        file_mode=opts["file_mode"], dir_mode=opts["dir_mode"],
         read_only=opts["read_only"], fsync_mode=opts["fsync_mode"],
         io_engine=opts["io_engine"], fuse_session=opts["fuse_session"],
         metadata_ttl=opts["metadata_ttl"],

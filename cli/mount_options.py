@@ -7,11 +7,15 @@ item is the long option of `lakefs-mount mount` of the same name (dashes or unde
 read from the click command itself, so an option is declared once and spelled both ways.
 The helper then runs that `mount` command: it returns once the mount is usable and leaves
 the daemon running, as mount(8) expects of a helper.
+
+`env.NAME=VALUE` items (as rclone's) set environment variables of that command and so of
+the daemon: AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE, AWS_CA_BUNDLE, HTTPS_PROXY.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 import click
@@ -30,6 +34,13 @@ PASSED_OVER = frozenset({"defaults", "auto", "noauto", "nofail", "_netdev", "rw"
 PASSED_OVER_PREFIXES = ("x-",)  # x-systemd.*, x-gvfs-* and other userspace-only items
 # fstab spellings of `mount` flags.
 ALIASES = {"ro": "read-only"}
+
+
+ENV_PREFIX = "env."
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names whose values are never shown (the helper's -v line, errors): keys, tokens, passwords
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|KEY|CREDENTIAL(?!S_FILE)", re.IGNORECASE)
+MASK = "***"
 
 
 class HelperError(Exception):
@@ -84,6 +95,30 @@ def translate(items: Sequence[str], command: click.Command,
     return args
 
 
+def split_env(items: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """`-o` items -> (the other items, the variables `env.NAME=VALUE` items set)."""
+    rest: list[str] = []
+    env: dict[str, str] = {}
+    for item in items:
+        if not item.startswith(ENV_PREFIX):
+            rest.append(item)
+            continue
+        name, has_value, value = item[len(ENV_PREFIX):].partition("=")
+        if not ENV_NAME.fullmatch(name):
+            raise HelperError(f"mount option {item.partition('=')[0]!r}: not an environment "
+                              f"variable name (env.NAME=VALUE)")
+        if not has_value:
+            raise HelperError(f"mount option 'env.{name}' needs a value: env.{name}=...")
+        env[name] = value
+    return rest, env
+
+
+def shown_env(env: dict[str, str]) -> str:
+    """`NAME=VALUE ...` as a shell would set them, secret-looking values masked."""
+    return " ".join(f"{name}={MASK if SECRET_NAME.search(name) else value}"
+                    for name, value in env.items())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=HELPER, description="mount(8) helper of lakefs-mount: "
@@ -104,8 +139,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def mount_arguments(argv: Sequence[str]) -> tuple[list[str], argparse.Namespace]:
-    """The `lakefs-mount` arguments for a helper command line."""
+    """The `lakefs-mount` arguments for a helper command line; `ns.env` holds the
+    variables its env. items set."""
     ns = _parser().parse_args(argv)
-    items = [item for group in ns.options for item in group.split(",") if item]
+    items, ns.env = split_env([item for group in ns.options for item in group.split(",")
+                               if item])
     return ["mount", *translate(items, mount, ns.sloppy), ns.source,
             ns.mountpoint], ns

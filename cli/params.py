@@ -48,6 +48,32 @@ class EndpointType(click.ParamType):
 ENDPOINT = EndpointType()
 
 
+class ModeType(click.ParamType):
+    """Permission bits in octal, as chmod takes them (0640, 640, 2775): a decimal reading
+    of `644` would be a nonsense mode no one meant."""
+
+    name = "MODE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        try:
+            mode = int(text.removeprefix("0o"), 8)
+        except ValueError:
+            self.fail(f"not an octal mode: {text!r} (use e.g. 0644, 0755)", param, ctx)
+        if not 0 <= mode <= 0o7777:
+            self.fail(f"{text!r} is not a mode: use 0 to 07777 in octal", param, ctx)
+        return mode
+
+
+MODE = ModeType()
+
+# A uid or gid: 32 bits, less (uid_t)-1, which means "unchanged" to chown(2)
+ID = click.IntRange(0, 2**32 - 2)
+
+
 class MountPointType(click.ParamType):
     """A mount point as given, made absolute without a look at it: a stat of a mount
     whose daemon is stopped waits in the kernel for an answer that does not come, and

@@ -114,6 +114,8 @@ class ProgressPrinter:
     def __call__(self, info: dict) -> None:
         self.last = info
         left = left_bytes(info)
+        if left is not None:  # (also between plain lines: the summary tells the total)
+            self.total = max(self.total, left)
         if self.as_json:
             extra = self.measure(left) if left is not None else {}
             print(json.dumps({"progress": {**info, **extra}}, default=str), flush=True)

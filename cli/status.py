@@ -28,9 +28,11 @@ STATUS_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("uptime_s", "up for", lambda s: _duration(float(s))),
     ("io_engine", "io engine", str),
     ("fuse_session", "FUSE session", str),
-    ("passthrough", "passthrough", str),
-    ("splice_writes", "spliced writes", lambda v: "yes" if v else "no (see the log)"),
+    ("passthrough", "passthrough", str),  # (booleans: on, or off and why: _on_off)
+    ("passthrough_reason", "", str),
+    ("splice_writes", "spliced writes", str),
     ("spliced_reads", "spliced reads", str),
+    ("spliced_reads_reason", "", str),
     ("checksums", "checksums", str),
     ("dirty_bytes", "dirty (not in S3)", human_bytes),
     ("oldest_dirty_s", "oldest dirty data", lambda v: f"{v:g} s old"),
@@ -82,6 +84,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
+# Booleans of the status and the key that says why one is off (None: see the log)
+ON_OFF = {"passthrough": "passthrough_reason", "splice_writes": None,
+          "spliced_reads": "spliced_reads_reason"}
+
+
+def _on_off(status: dict, key: str) -> str:
+    """`on`, or `off (why)`: what a person reads where --json has true or false."""
+    if status[key]:
+        return "on"
+    reason_key = ON_OFF[key]
+    why = status.get(reason_key) if reason_key else None
+    return f"off ({why or 'see the log'})"
+
+
 # Shown in sections of their own below the table (see format_checkpoints).
 SECTIONS = ("checkpoints", "commits")
 
@@ -94,7 +110,7 @@ def format_status(status: dict) -> str:
     for key, label, fmt in STATUS_ROWS:
         known.add(key)
         if label and key in status and status[key] is not None:
-            rows.append((label, fmt(status[key])))
+            rows.append((label, _on_off(status, key) if key in ON_OFF else fmt(status[key])))
     for key in sorted(status):
         if key in known or any(w in key.lower() for w in _SECRET_WORDS):
             continue

@@ -84,7 +84,14 @@ class MountConfig:
     part_size: int = 16 * MiB
     upload_concurrency: int = 8
     allow_other: bool = False
+    allow_root: bool = False  # root and the mounter only (libfuse's allow_root)
     read_only: bool = False
+    # What objects without POSIX attributes of their own show (objects other tools wrote,
+    # directories that only a key implies): None is the mounter's uid / gid.
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int = 0o644
+    dir_mode: int = 0o755
     fsync_mode: str = "local"  # "local" | "remote"
     io_engine: str = "auto"  # "auto" | "uring" | "threads"
     fuse_session: str = "auto"  # "auto" | "native" | "pyfuse3"
@@ -99,6 +106,12 @@ class MountConfig:
     metrics_addr: str | None = None  # HOST:PORT of Prometheus /metrics; None: off
     commit_on_rename: str | None = None  # a glob: `commit` a directory renamed to a match
     test_hooks: HooksForTests = field(default_factory=HooksForTests)
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """The uid and gid shown where an object or directory names none."""
+        return (os.getuid() if self.uid is None else self.uid,
+                os.getgid() if self.gid is None else self.gid)
 
     def resolved_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.mountpoint)

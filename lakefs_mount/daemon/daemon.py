@@ -164,6 +164,7 @@ class Daemon:
         if config.fuse_session != "pyfuse3":
             native = NativeSession(KernelOps(self.core.fs), config.mountpoint,
                                    allow_other=config.allow_other, read_only=config.read_only,
+                                   allow_root=config.allow_root,
                                    probe_dir=self.core.cache.data_dir,
                                    source=config.mount_source)
             try:
@@ -175,6 +176,7 @@ class Daemon:
                 log.info("FUSE session: pyfuse3, as the native session cannot start: %s", exc)
         session = Pyfuse3Session(self.core.fs, str(config.mountpoint),
                                  allow_other=config.allow_other, read_only=config.read_only,
+                                 allow_root=config.allow_root,
                                  source=config.mount_source)
         await session.mount()
         return session
@@ -262,10 +264,13 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "io_engine": self.engine_name,
             "fuse_session": self.session.name,
-            "passthrough": "on" if self.session.passthrough
-            else f"off ({self.session.passthrough_reason})",
+            # on/off as JSON booleans, each with why it is off (None when on)
+            "passthrough": self.session.passthrough,
+            "passthrough_reason": None if self.session.passthrough
+            else self.session.passthrough_reason,
             "splice_writes": self.splice_writes,
             "spliced_reads": self.session.spliced_reads,
+            "spliced_reads_reason": self.session.spliced_reads_reason or None,
             "dirty_bytes": cache.dirty_bytes,
             "oldest_dirty_s": cache.book.oldest_dirty_age(list(cache.files.values())),
             "max_dirty": cache.max_dirty,

@@ -5,7 +5,7 @@ namespace and its write-back log, the flusher and the POSIX core. The daemon ser
 from __future__ import annotations
 
 import logging
-import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,9 +86,9 @@ async def assemble(config: MountConfig, engine: IoEngine, store: AsyncStore,
     replayed = await names.load()
     if replayed:
         log.info("%d namespace change(s) of the last mount go to S3 first", replayed)
-    ns = Namespace(store, cache, config.prefix, config.metadata_ttl,
-                   (os.getuid(), os.getgid()), index_writer=writer, dir_attrs=dir_attrs,
-                   names=names, kernel=kernel)
+    ns = Namespace(store, cache, config.prefix, config.metadata_ttl, config.owner,
+                   index_writer=writer, dir_attrs=dir_attrs, names=names, kernel=kernel,
+                   modes=(stat.S_IFREG | config.file_mode, stat.S_IFDIR | config.dir_mode))
     flusher = Flusher(cache, config.upload_concurrency, commit_delay=config.commit_delay,
                       on_committed=lambda cf: ns.index_changed(
                           parent_dir_key(config.prefix, cf.key)),

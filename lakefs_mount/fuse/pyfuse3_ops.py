@@ -193,16 +193,19 @@ class Pyfuse3Session:
     name = "pyfuse3"
     passthrough = False
     passthrough_reason = "pyfuse3 over libfuse 3.14 cannot negotiate it"
-    spliced_reads = "no (pyfuse3 copies every read reply)"
+    spliced_reads = False
+    spliced_reads_reason = "pyfuse3 copies every read reply"
 
     def __init__(self, fs: FileSystem, mountpoint: str, *, allow_other: bool,
-                 read_only: bool, source: str = FSTYPE_NAME) -> None:
+                 read_only: bool, source: str = FSTYPE_NAME, allow_root: bool = False) -> None:
         self.options = set(pyfuse3.default_options)
         # nodev, as the native session: a device node is a few bytes of metadata anyone who
         # writes the bucket can set; it must never open a device of this machine.
         self.options |= {f"fsname={source}", f"subtype={FSTYPE_NAME}", "nodev"}
         if allow_other:
             self.options.add("allow_other")
+        if allow_root:  # libfuse: allow_other for the kernel, and it refuses other users
+            self.options.add("allow_root")
         if read_only:
             self.options.add("ro")
         self.fs = fs

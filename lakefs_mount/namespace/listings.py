@@ -18,7 +18,14 @@ import trio
 from lakefs_mount.cache.cachefile import CachedFile, CommittedBase
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.namespace.dirindex import RESERVED_NAME
-from lakefs_mount.namespace.inode import DEFAULT_FILE_MODE, ROOT_INO, Inode, Kind, valid_name
+from lakefs_mount.namespace.inode import (
+    DEFAULT_DIR_MODE,
+    DEFAULT_FILE_MODE,
+    ROOT_INO,
+    Inode,
+    Kind,
+    valid_name,
+)
 from lakefs_mount.namespace.invalidations import Invalidations
 from lakefs_mount.namespace.namelog import NameLog
 from lakefs_mount.namespace.tree import Tree
@@ -57,8 +64,9 @@ HIDDEN_EXAMPLES = 5  # ... of them named in status
 class Listed(Tree):
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], names: NameLog | None,
-                 kernel: Invalidations | None) -> None:
-        super().__init__(prefix, owner)
+                 kernel: Invalidations | None,
+                 modes: tuple[int, int] = (DEFAULT_FILE_MODE, DEFAULT_DIR_MODE)) -> None:
+        super().__init__(prefix, owner, modes)
         self.store = store
         # Namespace changes not yet in S3: a listing shows what they make and hides what
         # they remove, as the bucket will once they are applied.
@@ -84,7 +92,7 @@ class Listed(Tree):
 
     def new_remote_file(self, key: str, obj: ObjectInfo) -> CachedFile:
         uid, gid = self.owner
-        cf = CachedFile(key=key, size=obj.size, mode=DEFAULT_FILE_MODE, uid=uid, gid=gid,
+        cf = CachedFile(key=key, size=obj.size, mode=self.file_mode, uid=uid, gid=gid,
                         mtime_ns=int(obj.mtime * 1e9),
                         base=CommittedBase(obj.key, obj.size, obj.etag,
                                            validated_at=time.monotonic()))

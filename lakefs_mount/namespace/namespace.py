@@ -21,6 +21,7 @@ from lakefs_mount.namespace.dirattrs import DirAttrs
 from lakefs_mount.namespace.dirindex import DirIndex, IndexEntry
 from lakefs_mount.namespace.inode import (
     DEFAULT_DIR_MODE,
+    DEFAULT_FILE_MODE,
     ROOT_INO,
     Inode,
     Kind,
@@ -56,8 +57,9 @@ class Namespace(Listed):
     def __init__(self, store: AsyncStore, cache: CacheManager, prefix: str, ttl: float,
                  owner: tuple[int, int], *, index_writer: str,
                  dir_attrs: DirAttrs | None, names: NameLog | None = None,
-                 kernel: Invalidations | None = None) -> None:
-        super().__init__(store, cache, prefix, ttl, owner, names, kernel)
+                 kernel: Invalidations | None = None,
+                 modes: tuple[int, int] = (DEFAULT_FILE_MODE, DEFAULT_DIR_MODE)) -> None:
+        super().__init__(store, cache, prefix, ttl, owner, names, kernel, modes)
         # Directories' attribute indexes, written by this cache as `index_writer`.
         self.index = DirIndex(store, prefix, index_writer, self.index_entries)
         # Where directories' own attributes are kept (None: listed directories show defaults).
@@ -250,7 +252,7 @@ class Namespace(Listed):
             for inode in dirs:
                 attrs = found.get(inode.name)
                 if attrs is None:  # never given any: the defaults (also after a failed read)
-                    inode.dir_mode, (inode.dir_uid, inode.dir_gid) = DEFAULT_DIR_MODE, self.owner
+                    inode.dir_mode, (inode.dir_uid, inode.dir_gid) = self.dir_mode, self.owner
                 else:
                     inode.dir_mode, inode.dir_uid, inode.dir_gid = (attrs.mode, attrs.uid,
                                                                     attrs.gid)

@@ -10,17 +10,28 @@ import itertools
 import time
 
 from lakefs_mount.cache.cachefile import CachedFile
-from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, kind_of
+from lakefs_mount.namespace.inode import (
+    DEFAULT_DIR_MODE,
+    DEFAULT_FILE_MODE,
+    ROOT_INO,
+    Inode,
+    Kind,
+    kind_of,
+)
 
 
 class Tree:
-    def __init__(self, prefix: str, owner: tuple[int, int]) -> None:
+    def __init__(self, prefix: str, owner: tuple[int, int],
+                 modes: tuple[int, int] = (DEFAULT_FILE_MODE, DEFAULT_DIR_MODE)) -> None:
         self.prefix = prefix
+        # What entries that carry no attributes of their own show: the mount's owner
+        # (--uid/--gid) and modes (--file-mode/--dir-mode, with their type bits).
         self.owner = owner
+        self.file_mode, self.dir_mode = modes
         self._next_ino = itertools.count(ROOT_INO + 1)
         now = time.time_ns()
-        root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_uid=owner[0], dir_gid=owner[1],
-                     dir_mtime_ns=now, ctime_ns=now)
+        root = Inode(ROOT_INO, Kind.DIR, ROOT_INO, "", dir_mode=self.dir_mode,
+                     dir_uid=owner[0], dir_gid=owner[1], dir_mtime_ns=now, ctime_ns=now)
         self.inodes: dict[int, Inode] = {ROOT_INO: root}
 
     # -- paths and keys ---------------------------------------------------------------
@@ -80,8 +91,8 @@ class Tree:
         """A directory that S3 (or the journal) has: its attributes are loaded before the
         kernel sees it (ensure_headed); till then the mount's owner and defaults."""
         uid, gid = self.owner
-        inode = self.add(parent, name, Kind.DIR, dir_uid=uid, dir_gid=gid,
-                         dir_mtime_ns=time.time_ns())
+        inode = self.add(parent, name, Kind.DIR, dir_mode=self.dir_mode, dir_uid=uid,
+                         dir_gid=gid, dir_mtime_ns=time.time_ns())
         inode.headed = False
         return inode
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -48,9 +49,13 @@ def call(mountpoint: Path, request: dict, *, timeout: float | None,
     that sent nothing within `answer_within` seconds counts as not answering). Raises
     DaemonNotRunning, ControlTimeout or ControlError with a message for the user.
     """
-    return call_socket(control_socket_path(Path(mountpoint)), request, timeout=timeout,
-                       on_progress=on_progress, target=str(mountpoint),
-                       answer_within=answer_within)
+    socket_path = control_socket_path(Path(mountpoint))
+    if os.geteuid() == 0 and not socket_path.exists():  # root, at another user's mount?
+        from lakefs_mount.ops.othersocket import socket_of_owner
+
+        socket_path = socket_of_owner(Path(mountpoint)) or socket_path
+    return call_socket(socket_path, request, timeout=timeout, on_progress=on_progress,
+                       target=str(mountpoint), answer_within=answer_within)
 
 
 def call_socket(socket_path: Path, request: dict, *, timeout: float | None,

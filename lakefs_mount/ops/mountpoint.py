@@ -35,6 +35,17 @@ class MountEntry:
     fstype: str
     source: str
     device: str = ""  # "major:minor", also the name of its backing device in sysfs
+    options: str = ""  # the filesystem's own (FUSE: user_id=N,group_id=N,...)
+
+    @property
+    def fuse_owner(self) -> int | None:
+        """The uid that made a FUSE mount (its `user_id=`, set by the kernel's caller:
+        mount(2) as root, or fusermount3 as the user)."""
+        for option in self.options.split(","):
+            name, _, value = option.partition("=")
+            if name == "user_id" and value.isdigit():
+                return int(value)
+        return None
 
 
 def _unescape(field: str) -> str:
@@ -53,7 +64,7 @@ def read_mountinfo(path: Path = MOUNTINFO) -> list[MountEntry]:
         if len(fields) < 5 or len(tail) < 2:
             continue
         entries.append(MountEntry(_unescape(fields[4]), _unescape(tail[0]), _unescape(tail[1]),
-                                  fields[2]))
+                                  fields[2], tail[2] if len(tail) > 2 else ""))
     return entries
 
 
@@ -200,9 +211,10 @@ def check_mountpoint(path: Path, *, _retry: bool = True) -> None:
 
 
 def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
-                     device: Path = FUSE_DEVICE) -> None:
+                     device: Path = FUSE_DEVICE, option: str = "--allow-other") -> None:
     """What a mount by a user other than root (through fusermount3) needs from root:
-    /dev/fuse open to the user, and user_allow_other in /etc/fuse.conf for --allow-other.
+    /dev/fuse open to the user, and user_allow_other in /etc/fuse.conf for --allow-other
+    (or --allow-root, named by `option`: both let others past the kernel).
     Said before the daemon starts, with the remedy, instead of in its log."""
     if os.geteuid() == 0:
         return
@@ -221,9 +233,9 @@ def check_user_mount(allow_other: bool, conf: Path = FUSE_CONF,
     except OSError:
         allowed = False
     if not allowed:
-        raise MountpointError(f"--allow-other for a mount by a user other than root needs "
+        raise MountpointError(f"{option} for a mount by a user other than root needs "
                               f"the line user_allow_other in {conf}; ask root to add it, or "
-                              f"mount without --allow-other")
+                              f"mount without {option}")
 
 
 def check_cache_dir(path: Path) -> None:

@@ -30,7 +30,7 @@ def _settled(m, timeout: float = 15.0) -> dict:
 
 def test_writes_through_a_descriptor_that_outlived_its_daemon_reach_s3(mount_factory, s3):
     m = mount_factory("--commit-delay", "0")
-    assert m.status()["passthrough"] == "on"
+    assert m.status()["passthrough"] is True
     first = os.urandom(4 * MiB)
     fd = os.open(m.path / "f.bin", os.O_RDWR | os.O_CREAT, 0o644)
     try:

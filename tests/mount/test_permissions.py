@@ -159,3 +159,24 @@ def test_a_mount_keeps_its_secret_and_its_files_from_other_users(
         assert all("ermission denied" in proc.stderr for proc in nobody.values()), nobody
     finally:
         m.cleanup()
+
+
+@pytest.mark.parametrize("session", ["native", "pyfuse3"])
+def test_allow_root_lets_the_kernel_pass_others_and_the_daemon_refuse_them(
+        public_root, bucket, s3_server, session):
+    """--allow-root: the kernel lets everyone past (allow_other), and requests of users
+    other than root and the mounter are refused (EACCES), as libfuse's allow_root does;
+    with --allow-other, the same file is open to them (above)."""
+    m = _mount(public_root, bucket, s3_server.endpoint_url, "--allow-root",
+               "--fuse-session", session)
+    try:
+        (m.path / "f").write_bytes(b"x")
+        os.chmod(m.path / "f", 0o644)
+        options = subprocess.run(["findmnt", "-n", "-o", "OPTIONS", "--mountpoint",
+                                  str(m.path)], capture_output=True, text=True).stdout
+        assert "allow_other" in options.strip().split(","), options
+        proc = _as_nobody(f"cat '{m.path / 'f'}'")
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
+        assert (m.path / "f").read_bytes() == b"x"  # the mounter (root) still reads it
+    finally:
+        m.cleanup()

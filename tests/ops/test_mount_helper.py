@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from lakefs_mount.cli.main import cli
+from lakefs_mount.cli.main import cli as lakefs_mount_cli
 from lakefs_mount.cli.mount_options import HelperError, mount_arguments, translate
 from lakefs_mount.ops.mountpoint import is_mounted
+from tests.mounting import cli
+from tests.ops.test_mount_errors import daemons_for
 from tests.ops.test_mountpoint import needs_fuse, needs_root
 
 # /etc/fstab and /sbin's helper link are the machine's: one test at a time (tests/conftest.py)
@@ -27,7 +30,7 @@ HELPER_LINK = Path("/sbin/mount.fuse.lakefs-mount")
 HELPER = Path(sys.executable).parent / "mount.fuse.lakefs-mount"
 FSTAB = Path("/etc/fstab")
 EXIT_WAIT = 120.0  # seconds the daemon may take to commit what is left after umount
-MOUNT_COMMAND = cli.commands["mount"]
+MOUNT_COMMAND = lakefs_mount_cli.commands["mount"]
 
 
 def test_every_mount_option_has_an_o_spelling_with_underscores_or_dashes():
@@ -178,14 +181,13 @@ def test_fstab_line_mounts_with_mount_dir_and_umount_leaves_every_byte_in_s3(
 
 
 def test_the_mount_fuse3_command_line_of_lakefs_mount_is_a_helper_call(tmp_path):
-    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items."""
-    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
-                                      "cache_dir=/tmp/c,dev,suid,bogus=1"])
-    assert result.exit_code == 1
-    assert "unknown mount option 'bogus'" in result.stderr
-    result = CliRunner().invoke(cli, ["s3://b", str(tmp_path / "missing"), "-o",
-                                      f"cache_dir={tmp_path / 'c'},dev,suid"])
-    assert result.exit_code == 2 and "does not exist" in result.stderr  # `mount` checked it
+    """mount.fuse3 runs `lakefs-mount SOURCE DIR -o ...` and adds `dev,suid` to the items;
+    that command line exits as the helper does (mount(8)'s statuses)."""
+    proc = cli("s3://b", str(tmp_path / "missing"), "-o", "cache_dir=/tmp/c,dev,suid,bogus=1")
+    assert proc.returncode == 1
+    assert "unknown mount option 'bogus'" in proc.stderr
+    proc = cli("s3://b", str(tmp_path / "missing"), "-o", f"cache_dir={tmp_path / 'c'},dev,suid")
+    assert proc.returncode == 32 and "does not exist" in proc.stderr  # `mount` checked it
 
 
 @needs_root
@@ -215,3 +217,129 @@ def test_findmnt_shows_the_helpers_type_and_the_mounted_source(mount_factory, bu
     shown = subprocess.run(["findmnt", "-n", "-t", "fuse.lakefs-mount", "-o", "SOURCE",
                             "--mountpoint", str(m.path)], capture_output=True, text=True)
     assert shown.stdout.split() == [f"s3://{bucket}/ckpt/run1"], shown
+
+
+# ------------------------------------------------- mount(8)'s exit statuses, env. items
+
+
+def _helper(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HELPER), *argv], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_the_helper_exits_1_on_incorrect_invocation(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for argv, said in ((["s3://b", str(mnt), "-o", "bogus=1"], "unknown mount option"),
+                       (["s3://b", str(mnt), "-o", "part_size=3M"], "'--part-size'"),
+                       (["s3://b", str(mnt), "-o", "uid=x"], "'--uid'"),
+                       (["s3://b", str(mnt), "-o", "allow_root,allow_other"], "exclude"),
+                       (["s3://b", str(mnt), "-o", "env.A-B=1"], "not an environment"),
+                       (["s3://b"], "required")):
+        proc = _helper(*argv)
+        assert (proc.returncode, said in proc.stderr) == (1, True), (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_the_helper_exits_32_when_the_mount_fails(mount_factory, s3_server, tmp_path):
+    mounted = mount_factory()
+    free = tmp_path / "free"
+    free.mkdir()
+    cases = {
+        "missing mount point": ([f"s3://{mounted.bucket}", str(tmp_path / "nowhere")],
+                                "does not exist"),
+        "missing bucket": (["s3://no-such-bucket-h52", str(free)], "does not exist"),
+        "busy mount point": ([f"s3://{mounted.bucket}", str(mounted.path)], "already mounted"),
+    }
+    for case, (argv, said) in cases.items():
+        proc = _helper(*argv, "-o", f"endpoint_url={s3_server.endpoint_url},"
+                                    f"cache_dir={tmp_path / 'c'},log_file={tmp_path / 'log'}")
+        assert (proc.returncode, said in proc.stderr) == (32, True), (case, proc.stderr)
+    assert mounted.status()["pid"] == mounted.pid  # the busy one still serves
+
+
+def test_ctrl_c_to_the_helper_while_it_mounts_exits_8_and_mounts_nothing(
+        bucket, fault_proxy, tmp_path):
+    """mount(8)'s "user interrupt": Ctrl-C reaches the helper's process group while the
+    daemon waits for an S3 that does not answer."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fault_proxy.hang = True  # the start-up bucket check waits
+    proc = subprocess.Popen([str(HELPER), f"s3://{bucket}", str(mnt), "-o",
+                             f"endpoint_url={fault_proxy.endpoint_url},"
+                             f"cache_dir={tmp_path / 'c'},log_file={tmp_path / 'log'}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        # the helper, the `lakefs-mount mount` it runs, and the daemon that one forked
+        while len(daemons_for(mnt)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(daemons_for(mnt)) == 3, "the daemon did not start"
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: not the daemon (setsid)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        fault_proxy.hang = False
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 8, err
+    assert "lakefs-mount: interrupted" in err, err
+    deadline = time.monotonic() + 30
+    while daemons_for(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemons_for(mnt) == [] and not is_mounted(mnt)
+
+
+def test_env_items_are_shown_by_the_helper_with_secret_looking_values_masked(tmp_path):
+    proc = _helper("s3://b", str(tmp_path), "-f", "-v", "-o",
+                   "env.AWS_PROFILE=train,env.AWS_SECRET_ACCESS_KEY=Sup3rSecretValue,"
+                   "env.AWS_SESSION_TOKEN=T0kenValue,env.AWS_CA_BUNDLE=/etc/ca.pem,max_dirty=1G")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (
+        "mount.fuse.lakefs-mount: AWS_PROFILE=train AWS_SECRET_ACCESS_KEY=*** "
+        "AWS_SESSION_TOKEN=*** AWS_CA_BUNDLE=/etc/ca.pem lakefs-mount mount --max-dirty 1G "
+        f"s3://b {tmp_path}")
+
+
+@needs_root
+@needs_fuse
+def test_env_items_give_the_daemon_its_credentials_and_no_process_shows_them(
+        helper_link, s3_auth_server, tmp_path):
+    """Credentials only in `env.` items reach the daemon (the server refuses anyone
+    else); the daemon's command line, its log and the mount's options never hold the
+    secret; uid=/file_mode= items set what a foreign object shows."""
+    bucket = f"env-{uuid.uuid4().hex[:12]}"
+    s3_auth_server.create_bucket(bucket)
+    secret = s3_auth_server.secret_key
+    assert secret and s3_auth_server.access_key
+    s3_auth_server.store(bucket).put("foreign.bin", b"from another tool", {})
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    options = (f"endpoint_url={s3_auth_server.endpoint_url},cache_dir={tmp_path / 'c'},"
+               f"log_file={log},log_level=DEBUG,uid=4321,file_mode=0600,"
+               f"env.AWS_ACCESS_KEY_ID={s3_auth_server.access_key},"
+               f"env.AWS_SECRET_ACCESS_KEY={secret}")
+    proc = subprocess.run(["mount", "-t", "fuse.lakefs-mount", f"s3://{bucket}", str(mnt),
+                           "-o", options], capture_output=True, text=True, timeout=180)
+    try:
+        assert proc.returncode == 0, proc.stderr + log.read_text(errors="replace")[-3000:]
+        st = os.stat(mnt / "foreign.bin")
+        assert (st.st_uid, oct(st.st_mode & 0o7777)) == (4321, "0o600")
+        assert (mnt / "foreign.bin").read_bytes() == b"from another tool"
+        daemons = daemons_for(mnt)
+        assert daemons, "no daemon"
+        shown = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                 for pid in daemons]
+        shown += [log.read_text(errors="replace"), Path("/proc/self/mountinfo").read_text()]
+        assert not [text for text in shown if secret in text]
+    finally:
+        pids = daemons_for(mnt)
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60)
+        deadline = time.monotonic() + EXIT_WAIT
+        while daemons_for(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in set(pids) & set(daemons_for(mnt)):  # (it should have exited by now)
+            os.kill(pid, signal.SIGKILL)
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)

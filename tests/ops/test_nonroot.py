@@ -9,7 +9,9 @@ mount afterwards, also when the test fails."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 
 from benchmarks.asuser import FUSE_DEVICE, User, fuse_device_for, throwaway_user, wait_gone
 from lakefs_mount.ops.mountpoint import find_mount, is_mounted
+from tests.mounting import cli
 
 # /dev/fuse's ACL and useradd are the machine's: one test at a time (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("machine")
@@ -61,8 +64,8 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
     pid = int(status["pid"])
     assert Path(f"/proc/{pid}").stat().st_uid == user.uid  # the daemon runs as the user
     assert status["fuse_session"] == "native"
-    assert status["passthrough"].startswith("off (") and "CAP_SYS_ADMIN" in \
-        status["passthrough"], status["passthrough"]
+    assert status["passthrough"] is False and "CAP_SYS_ADMIN" in \
+        status["passthrough_reason"], status["passthrough_reason"]
     assert status["cache_dir"].startswith(str(user.home / ".local" / "share")), status
 
     copy = user.run(["/bin/sh", "-c", f"cp -r {source}/. {user.mnt}/ && "
@@ -109,6 +112,29 @@ def test_a_user_mounts_with_the_native_session_through_fusermount3_without_passt
     assert not is_mounted(user.mnt)
     assert s3.get("dir/b.txt")[1] == b"changed"
     assert "Traceback" not in user.log()
+
+
+def test_root_finds_the_daemon_of_a_users_mount_for_status(user, fuse_access, s3_server,
+                                                            bucket):
+    """The user's daemon listens under the user's runtime directory, which root's
+    environment does not name: root's `status` finds it through the mount's owner
+    (mountinfo's user_id) and the bound socket of that name the owner holds."""
+    proc = user.cli("mount", f"s3://{bucket}", str(user.mnt),
+                    "--endpoint-url", s3_server.endpoint_url)
+    assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
+    pid = int(user.status()["pid"])
+    try:
+        as_root = cli("status", str(user.mnt), "--json")
+        assert as_root.returncode == 0, as_root.stderr
+        status = json.loads(as_root.stdout)
+        assert (status["pid"], status["mountpoint"]) == (pid, str(user.mnt)), status
+        table = cli("status", str(user.mnt))
+        assert table.returncode == 0 and re.search(rf"^daemon pid +{pid}$", table.stdout,
+                                                   re.MULTILINE), table
+    finally:
+        unmount = user.cli("unmount", str(user.mnt))
+    assert unmount.returncode == 0, unmount.stderr
+    assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
 
 
 def _as_nobody() -> None:
@@ -192,3 +218,31 @@ def test_a_user_mount_with_allow_other_where_root_allowed_it_lets_other_users_in
     assert unmount.returncode == 0, unmount.stderr
     assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"
     assert s3.get("f")[1] == b"shared"
+
+
+def test_a_user_mount_with_allow_root_lets_root_in_and_no_other_user(
+        user, fuse_access, s3_server, bucket):
+    """--allow-root, where root allowed it (user_allow_other in its namespace's
+    /etc/fuse.conf): root reads the user's files, user nobody is refused (EACCES from
+    the daemon, as libfuse's allow_root) even where the mode would let it read."""
+    conf = user.root / "fuse.conf"
+    conf.write_text("user_allow_other\n")
+    proc = _cli_in_namespace(user, {conf: Path("/etc/fuse.conf")}, "mount", f"s3://{bucket}",
+                             str(user.mnt), "--endpoint-url", s3_server.endpoint_url,
+                             "--allow-root")
+    assert proc.returncode == 0, proc.stderr + user.log()[-3000:]
+    pid = int(user.status()["pid"])
+    try:
+        as_user = _in_namespace_of(pid, user.uid, user.gid, ["/bin/sh", "-c",
+                                   f"printf mine > {user.mnt}/f && chmod 644 {user.mnt}/f"],
+                                   user.env())
+        assert as_user.returncode == 0, as_user.stderr
+        root = _in_namespace_of(pid, 0, 0, ["/bin/cat", f"{user.mnt}/f"], {})
+        assert root.returncode == 0 and root.stdout == "mine", root
+        other = _in_namespace_of(pid, NOBODY, NOBODY, ["/bin/cat", f"{user.mnt}/f"], {})
+        assert other.returncode != 0 and "ermission denied" in other.stderr, other
+    finally:
+        unmount = _in_namespace_of(pid, user.uid, user.gid,
+                                   user.cli_argv("unmount", str(user.mnt)), user.env())
+    assert unmount.returncode == 0, unmount.stderr
+    assert wait_gone([pid], 60) == [], "the daemon did not exit after unmount"

@@ -132,3 +132,26 @@ def test_the_first_progress_line_after_s3_came_back_shows_no_old_error(mount_fac
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert "progress" in lines[0] and lines[0]["progress"]["last_error"] is None, lines[0]
     assert all(line.get("progress", {}).get("last_error") is None for line in lines), lines
+
+
+def test_a_piped_flush_ends_with_one_summary_line_as_on_a_terminal(mount_factory,
+                                                                   fault_proxy):
+    """stdout and stderr are pipes (a CI log, `| tee`): the outcome is said once at the
+    end, what was flushed and how long it took; stdout stays empty for scripts."""
+    m = mount_factory(endpoint_url=fault_proxy.endpoint_url, name="piped")
+    fault_proxy.bandwidth_bytes_per_s = 8 * MiB  # a few seconds: progress reports come
+    (m.path / "a.bin").write_bytes(os.urandom(12 * MiB))
+    (m.path / "b.bin").write_bytes(os.urandom(4 * MiB))
+    try:
+        proc = m.flush()  # subprocess.run with both captured: neither is a terminal
+    finally:
+        fault_proxy.bandwidth_bytes_per_s = None
+    assert proc.returncode == 0 and proc.stdout == "", proc
+    last = proc.stderr.splitlines()[-1]
+    shown = re.fullmatch(rf"lakefs-mount: {re.escape(str(m.path))} is in S3: 2 files, "
+                         r"([\d.]+) MiB flushed in ([\d.]+) s", last)
+    assert shown, proc.stderr
+    assert 0 < float(shown.group(1)) <= 16 and float(shown.group(2)) > 0.5, last
+    nothing = m.flush()
+    assert re.fullmatch(rf"lakefs-mount: {re.escape(str(m.path))} is in S3: 0 files "
+                        r"flushed in [\d.]+ s", nothing.stderr.strip()), nothing.stderr

@@ -40,6 +40,13 @@ KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while 
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
 # kernel turns into EOPNOTSUPP for the caller or a fallback of its own (lseek, copy).
 NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET)
+# What --allow-root still serves to other users, as libfuse's allow_root: requests on what
+# they already hold open (a descriptor passed to them), and the kernel's own.
+OPEN_TO_OTHERS = frozenset({wire.Op.INIT, wire.Op.READ, wire.Op.WRITE, wire.Op.FSYNC,
+                            wire.Op.RELEASE, wire.Op.READDIR, wire.Op.FSYNCDIR,
+                            wire.Op.RELEASEDIR, wire.Op.NOTIFY_REPLY, wire.Op.READDIRPLUS,
+                            wire.Op.FORGET, wire.Op.BATCH_FORGET, wire.Op.INTERRUPT,
+                            wire.Op.DESTROY})
 
 
 class _Buffers:
@@ -66,11 +73,15 @@ class NativeSession:
     name = "native"
 
     def __init__(self, ops: KernelOps, mountpoint: Path, *, allow_other: bool,
-                 read_only: bool, probe_dir: Path, source: str = FSTYPE_NAME) -> None:
+                 read_only: bool, probe_dir: Path, source: str = FSTYPE_NAME,
+                 allow_root: bool = False) -> None:
         self.ops = ops
         self.mountpoint = mountpoint
         self.source = source  # what mount(8) shows as the source
-        self.allow_other = allow_other
+        # allow_root: the kernel lets everyone in (allow_other) and requests of users other
+        # than root and the mounter are refused here, as libfuse does
+        self.allow_other = allow_other or allow_root
+        self.deny_others = allow_root and not allow_other
         self.read_only = read_only
         self.probe_dir = probe_dir
         self.fd = -1
@@ -82,7 +93,7 @@ class NativeSession:
         self.proto_minor = 0
         self.max_read = self.max_write  # (a user's mount: USER_MAX_READ, see `mount`)
         self.spliced_replies: SplicedReplies | None = None  # (made at `mount`)
-        self.spliced_reads = "not mounted yet"
+        self.spliced_reads_reason = "not mounted yet"  # why read replies are copied
         self._buffers = _Buffers(self.max_write + HEADROOM)
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
@@ -103,9 +114,9 @@ class NativeSession:
                      "fusermount3, no passthrough); `auto` keeps it for a user's mount: it "
                      "serves writes through the daemon as pyfuse3 does, and it answers "
                      "interrupts", os.getuid())
-        self.spliced_replies, self.spliced_reads = SplicedReplies.open(self.max_read)
+        self.spliced_replies, self.spliced_reads_reason = SplicedReplies.open(self.max_read)
         if self.spliced_replies is None:
-            log.info("read replies are copied, not spliced: %s", self.spliced_reads)
+            log.info("read replies are copied, not spliced: %s", self.spliced_reads_reason)
 
     async def serve(self) -> None:
         """Serve requests until the mount goes away (or `terminate`)."""
@@ -115,6 +126,10 @@ class NativeSession:
                     await self._read_loop(nursery)
                 finally:
                     nursery.cancel_scope.cancel()
+
+    @property
+    def spliced_reads(self) -> bool:
+        return self.spliced_replies is not None
 
     def terminate(self) -> None:
         self._cancel.cancel()
@@ -173,8 +188,10 @@ class NativeSession:
             if req.opcode == wire.Op.INIT:
                 self._init(req)
                 return
-            with scope or contextlib.nullcontext():
-                reply = await self.ops.dispatch(req)
+            reply: Reply = errno.EACCES
+            if not self._refused(req):
+                with scope or contextlib.nullcontext():
+                    reply = await self.ops.dispatch(req)
             if scope is not None and scope.cancelled_caught:
                 reply = errno.EINTR  # the one reply of an interrupted request
         finally:
@@ -184,6 +201,11 @@ class NativeSession:
                 self._buffers.give_back(buf)
         if req.opcode not in NO_REPLY and reply is not SENT:
             self.reply(req.unique, reply)
+
+    def _refused(self, req: Request) -> bool:
+        """--allow-root: a request of a user other than root and the mounter."""
+        return (self.deny_others and req.uid not in (0, os.getuid())
+                and req.opcode not in OPEN_TO_OTHERS)
 
     def _interrupt(self, req: Request) -> None:
         """FUSE_INTERRUPT: the process waiting for request `unique` got a signal (or was

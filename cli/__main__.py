@@ -1,0 +1,6 @@
+"""`python -m lakefs_mount.cli`: the `lakefs-mount` command, where its script is not at
+hand (the mount(8) helper runs it so)."""
+
+from lakefs_mount.cli import main
+
+main()
