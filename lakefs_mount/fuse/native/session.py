@@ -14,6 +14,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from lakefs_mount.fuse.native import device, wire
 from lakefs_mount.fuse.native.ops import SENT, KernelOps, Reply, Sent
 from lakefs_mount.fuse.native.splicereply import SplicedReplies
 from lakefs_mount.fuse.native.wire import Request
+from lakefs_mount.metrics import Latencies
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ KEEP_BUFFERS = 16  # request buffers kept between requests (more are made while 
 # Requests a kernel sends that this filesystem does not implement get ENOSYS, which the
 # kernel turns into EOPNOTSUPP for the caller or a fallback of its own (lseek, copy).
 NO_REPLY = (wire.Op.FORGET, wire.Op.BATCH_FORGET)
+# opcode -> the `operation` label of its latency (an opcode this kernel made up: "other")
+OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
 
 class _Buffers:
@@ -87,6 +91,7 @@ class NativeSession:
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
         self._in_flight: dict[int, trio.CancelScope | None] = {}
+        self.latencies = Latencies()  # from a request's task start to its reply sent
 
     async def mount(self) -> None:
         """Open a connection and mount it (as root by mount(2), else through fusermount3);
@@ -169,6 +174,7 @@ class NativeSession:
 
     async def _serve_one(self, req: Request, buf: tuple[bytearray, mmap.mmap] | None,
                          scope: trio.CancelScope | None) -> None:
+        started = time.perf_counter()
         try:
             if req.opcode == wire.Op.INIT:
                 self._init(req)
@@ -184,6 +190,8 @@ class NativeSession:
                 self._buffers.give_back(buf)
         if req.opcode not in NO_REPLY and reply is not SENT:
             self.reply(req.unique, reply)
+        self.latencies.observe(OP_NAMES.get(req.opcode, "other"),
+                               time.perf_counter() - started)
 
     def _interrupt(self, req: Request) -> None:
         """FUSE_INTERRUPT: the process waiting for request `unique` got a signal (or was
