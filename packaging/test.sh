@@ -14,7 +14,8 @@
 # `machine` lock (tests/conftest.py) one at a time. A slice, the fast tier and
 # --write-reliability (its rows are collected in one process) run in this process.
 #
-# Runs packaging/setup.sh (Debian packages, /dev/fuse, a venv with the test extras) into a
+# Runs packaging/setup.sh (Debian packages, /dev/fuse, an editable install with the test
+# and frameworks extras) into a
 # venv of the checkout's own, <repo>/.venv (override: LAKEFS_MOUNT_VENV), never the
 # machine-wide /opt/lakefs-mount/venv nor its /usr/local/bin and /sbin links. Then
 # `ruff check .`, `mypy -p lakefs_mount` and pytest from the repository root. Exit status 0
@@ -55,7 +56,8 @@ fi
 
 # systemd: only its systemd-analyze, for the test that verifies the unit (no systemd runs);
 # openssl: the CA the https profiles make for a run (benchmarks/tlsca.py)
-LAKEFS_MOUNT_NO_LINKS=1 LAKEFS_MOUNT_EXTRA_DEBS="systemd openssl" bash "$REPO/packaging/setup.sh"
+LAKEFS_MOUNT_NO_LINKS=1 LAKEFS_MOUNT_EXTRA_DEBS="systemd openssl" \
+    bash "$REPO/packaging/setup.sh" --extras test,frameworks --editable
 cd "$REPO"
 
 say "ruff check ."

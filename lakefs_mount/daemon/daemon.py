@@ -298,6 +298,7 @@ class Daemon:
             **self.core.ns.status(),
             "metrics_addr": self.metrics_addr,
             "s3_requests": self.s3_stats.snapshot(),
+            "fuse_requests": self.session.latencies.snapshot(),
             "last_s3_error_at": self.s3_stats.last_error_at,
             "counters": dict(self.metrics),
             **self.dirs.status(pending),  # per top-level directory; commits under way

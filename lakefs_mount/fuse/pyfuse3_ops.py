@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -15,9 +17,11 @@ import trio
 from lakefs_mount.config import FSTYPE_NAME
 from lakefs_mount.fs.errors import errno_of
 from lakefs_mount.fs.filesystem import ATTR_TIMEOUT, BLKSIZE, Attr, FileSystem
+from lakefs_mount.metrics import Latencies
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # pyfuse3 keeps at least this many request tasks parked between requests. With its
 # default, 1, concurrent requests make it end and start a trio task over and over (about
@@ -59,25 +63,47 @@ def _name(raw: bytes) -> str:
     return os.fsdecode(raw)
 
 
+def _timed(handler: Callable[Concatenate[FuseOperations, P], Coroutine[Any, Any, T]]
+           ) -> Callable[Concatenate[FuseOperations, P], Coroutine[Any, Any, T]]:
+    """A handler whose time (to its return; libfuse sends the reply) goes into the
+    session's latencies under the handler's name, the kernel's opcode in lower case."""
+    op = handler.__name__
+
+    @functools.wraps(handler)
+    async def timed(self: FuseOperations, *args: P.args, **kwargs: P.kwargs) -> T:
+        started = time.perf_counter()
+        try:
+            return await handler(self, *args, **kwargs)
+        finally:
+            self.latencies.observe(op, time.perf_counter() - started)
+
+    return timed
+
+
 class FuseOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: FileSystem) -> None:
+    def __init__(self, fs: FileSystem, latencies: Latencies | None = None) -> None:
         super().__init__()
         self.fs = fs
+        self.latencies = latencies or Latencies()
 
+    @_timed
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         return entry(await _call(self.fs.lookup, parent_inode, _name(name)))
 
+    @_timed
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.fs.forget(ino, count)
 
+    @_timed
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
         return entry(await _call(self.fs.getattr, inode))
 
+    @_timed
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
         async def apply() -> Attr:
             return await self.fs.setattr(
@@ -91,35 +117,44 @@ class FuseOperations(pyfuse3.Operations):
 
         return entry(await _call(apply))
 
+    @_timed
     async def readlink(self, inode: int, ctx: Any) -> bytes:
         return os.fsencode(await _call(self.fs.readlink, inode))
 
+    @_timed
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
         return entry(await _call(self.fs.mknod, parent_inode, _name(name), mode, rdev, ctx.uid,
                                  ctx.gid))
 
+    @_timed
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         return entry(await _call(self.fs.mkdir, parent_inode, _name(name), mode, ctx.uid,
                                  ctx.gid))
 
+    @_timed
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await _call(self.fs.unlink, parent_inode, _name(name))
 
+    @_timed
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await _call(self.fs.rmdir, parent_inode, _name(name))
 
+    @_timed
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
         return entry(await _call(self.fs.symlink, parent_inode, _name(name),
                                  os.fsdecode(target), ctx.uid, ctx.gid))
 
+    @_timed
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
         await _call(self.fs.rename, parent_inode_old, _name(name_old), parent_inode_new,
                     _name(name_new), flags)
 
+    @_timed
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         return entry(await _call(self.fs.link, inode, new_parent_inode, _name(new_name)))
 
+    @_timed
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         fh = await _call(self.fs.open, inode, flags)
         data = await _call(self.fs.page_cache_fill, fh)
@@ -135,45 +170,56 @@ class FuseOperations(pyfuse3.Operations):
                 log.debug("page cache of inode %d not filled: %s", inode, exc)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.keep_cache(fh))
 
+    @_timed
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
         fh, attr = await _call(self.fs.create, parent_inode, _name(name), mode, flags, ctx.uid,
                                ctx.gid)
         return pyfuse3.FileInfo(fh=fh), entry(attr)
 
+    @_timed
     async def read(  # type: ignore[override]  # pyfuse3 replies with any buffer
             self, fh: int, off: int, size: int) -> bytes | memoryview:
         return await _call(self.fs.read, fh, off, size)
 
+    @_timed
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         return await _call(self.fs.write, fh, off, buf)
 
+    @_timed
     async def flush(self, fh: int) -> None:
         """Nothing to do at close (the commit follows `release`): ENOSYS tells the kernel
         to stop sending FLUSH, which saves every close() a round trip to the daemon."""
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
+    @_timed
     async def fsync(self, fh: int, datasync: bool) -> None:
         await _call(self.fs.fsync, fh, datasync)
 
+    @_timed
     async def release(self, fh: int) -> None:
         await _call(self.fs.release, fh)
 
+    @_timed
     async def opendir(self, inode: int, ctx: Any) -> int:
         return await _call(self.fs.opendir, inode)
 
+    @_timed
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         for name, attr, next_id in self.fs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, os.fsencode(name), entry(attr), next_id):
                 return
             self.fs.note_lookup(attr.ino)
 
+    @_timed
     async def releasedir(self, fh: int) -> None:
         self.fs.releasedir(fh)
 
+    @_timed
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         pass
 
+    @_timed
     async def statfs(self, ctx: Any) -> Any:
         info = self.fs.statfs()
         s = pyfuse3.StatvfsData()
@@ -210,11 +256,13 @@ class Pyfuse3Session:
             self.options.add("ro")
         self.fs = fs
         self.mountpoint = mountpoint
+        self.latencies = Latencies()  # each handler's time (FuseOperations)
         self._in_use = threading.Lock()  # held while an invalidation uses the session
         self._closed = False
 
     async def mount(self) -> None:
-        pyfuse3.init(FuseOperations(self.fs), self.mountpoint, self.options)
+        pyfuse3.init(FuseOperations(self.fs, self.latencies), self.mountpoint,
+                     self.options)
 
     async def serve(self) -> None:
         await pyfuse3.main(min_tasks=FUSE_IDLE_TASKS)

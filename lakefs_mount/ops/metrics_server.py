@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import start_http_server
+from prometheus_client import ProcessCollector, start_http_server
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from lakefs_mount.config import parse_metrics_addr
 from lakefs_mount.metrics import (
-    COUNTERS,
+    EXPORTED_COUNTERS,
+    FUSE_REQUEST_SECONDS,
     GAUGES,
     PROMETHEUS_PREFIX,
     S3_REQUEST_FAILURES,
@@ -49,7 +50,7 @@ class StatusCollector(Collector):
         if status is None:  # the daemon is starting or has stopped: no numbers to give
             return
         counters = status.get("counters", {})
-        for name, help_text in COUNTERS.items():
+        for name, help_text in EXPORTED_COUNTERS.items():
             yield CounterMetricFamily(prometheus_counter(name), help_text,
                                       value=counters.get(name, 0))
         for key, (name, help_text) in GAUGES.items():
@@ -57,25 +58,34 @@ class StatusCollector(Collector):
             if isinstance(value, int | float):
                 yield GaugeMetricFamily(PROMETHEUS_PREFIX + name, help_text, value=value)
         yield from _request_metrics(status.get("s3_requests") or {})
+        yield _latency(FUSE_REQUEST_SECONDS, "Time the daemon took to serve FUSE requests, by"
+                       " operation (the kernel's opcode, lower case).",
+                       status.get("fuse_requests") or {})
         info = GaugeMetricFamily(PROMETHEUS_PREFIX + "info", "What this mount serves.",
                                  labels=INFO_LABELS)
         info.add_metric([str(status.get(k, "")) for k in INFO_LABELS], 1)
         yield info
 
 
-def _request_metrics(requests: dict[str, dict[str, Any]]) -> Iterator[Metric]:
-    """Latency histogram and failure count of each S3 operation the mount has sent."""
-    latency = HistogramMetricFamily(PROMETHEUS_PREFIX + S3_REQUEST_SECONDS,
-                                    "Time S3 requests took, by operation.",
-                                    labels=["operation"])
-    failures = CounterMetricFamily(PROMETHEUS_PREFIX + S3_REQUEST_FAILURES,
-                                   "S3 requests that failed, by operation.",
-                                   labels=["operation"])
-    for op, stats in requests.items():
+def _latency(name: str, help_text: str, ops: dict[str, dict[str, Any]]) -> Metric:
+    """A histogram labelled `operation` from a snapshot of s3/stats.py or metrics.Latencies."""
+    latency = HistogramMetricFamily(PROMETHEUS_PREFIX + name, help_text, labels=["operation"])
+    for op, stats in ops.items():
         latency.add_metric([op], buckets=list(stats["buckets"].items()),
                            sum_value=stats["seconds_sum"])
-        failures.add_metric([op], stats["failures"])
-    yield latency
+    return latency
+
+
+def _request_metrics(requests: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Latency histogram of each S3 operation the mount has sent, and its failures by
+    S3's error code (bounded: s3/stats.py)."""
+    yield _latency(S3_REQUEST_SECONDS, "Time S3 requests took, by operation.", requests)
+    failures = CounterMetricFamily(PROMETHEUS_PREFIX + S3_REQUEST_FAILURES,
+                                   "S3 requests that failed, by operation and error code.",
+                                   labels=["operation", "code"])
+    for op, stats in requests.items():
+        for code, n in stats.get("failure_codes", {}).items():
+            failures.add_metric([op, code], n)
     yield failures
 
 
@@ -86,6 +96,7 @@ class MetricsServer:
         host, port = parse_metrics_addr(addr)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StatusCollector(snapshot))
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, ..._memory_bytes
         try:
             self._server, self._thread = start_http_server(port, host, registry)
         except OSError as exc:

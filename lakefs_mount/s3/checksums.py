@@ -93,16 +93,43 @@ class _Sent:
         yield memoryview(self.data)
 
 
-def _rejected(send: Callable[[], object], what: str) -> bool | None:
-    """Whether S3 refused the request for its checksum (None: it failed otherwise)."""
+def _answer(send: Callable[[], object]) -> bool | ObjectStoreError:
+    """True: S3 refused the request for its checksum; False: it took it; else the failure."""
     try:
         send()
     except ObjectStoreError as exc:
-        if exc.code in REJECTED:
-            return True
-        log.info("checksum probe of the endpoint (%s) failed: %s", what, exc)
-        return None
+        return True if exc.code in REJECTED else exc
     return False
+
+
+def _trailer_checked(store: ObjectStore, put_piecewise: Callable[..., object], key: str,
+                     body: bytes, good: int) -> bool:
+    """Whether the endpoint refuses a wrong aws-chunked CRC-32C trailer, takes the right
+    one and stores the bytes as sent. Asked only after the same credentials put `key`
+    with the CRC in a header: a refusal here is about the trailer form, not the keys
+    (SeaweedFS without identities answers every unsigned trailer 403 InvalidAccessKeyId)."""
+    wrong = _answer(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True))
+    right = _answer(lambda: put_piecewise(key, _Sent(body, good), True)) if wrong is True \
+        else None
+    failed = next((a for a in (wrong, right) if isinstance(a, ObjectStoreError)), None)
+    if failed is not None and failed.status is None:  # no answer: not a statement
+        log.info("checksum probe of aws-chunked trailers failed: %s", failed)
+        return False
+    if failed is not None:
+        log.info("the endpoint does not take a CRC-32C in an aws-chunked trailer (it answers"
+                 " HTTP %s %s, though it took the same PutObject with the CRC in a header):"
+                 " parts send their CRC-32C in a header", failed.status, failed.code)
+        return False
+    if wrong is False:
+        log.info("the endpoint does not check a CRC-32C in an aws-chunked trailer:"
+                 " parts send their CRC-32C in a header")
+        return False
+    try:
+        got = store.get(key)
+    except ObjectStoreError as exc:
+        log.info("checksum probe of aws-chunked trailers failed: %s", exc)
+        return False
+    return got is not None and got[1] == body
 
 
 def probe(store: ObjectStore, prefix: str) -> bool | None:
@@ -114,22 +141,14 @@ def probe(store: ObjectStore, prefix: str) -> bool | None:
     key = prefix + PROBE_KEY
     body = os.urandom(4096)  # (SeaweedFS answers IncompleteBody to a wrong trailer of 64)
     good = crc32c.crc32c(body)
-    verified = _rejected(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF), "in a header")
-    put_piecewise = getattr(store, "put_piecewise", None)
+    header = _answer(lambda: store.put(key, body, {}, good ^ 0xFFFFFFFF))
+    if isinstance(header, ObjectStoreError):
+        log.info("checksum probe of the endpoint failed: %s", header)
+    verified = None if isinstance(header, ObjectStoreError) else header
+    put_piecewise = getattr(store, "put_piecewise", None)  # (not on every store)
     if verified and put_piecewise is not None:
-        # a wrong trailer refused, the right one taken, and the bytes stored as sent
-        trailer = "in an aws-chunked trailer; it takes them in a header"
-        if _rejected(lambda: put_piecewise(key, _Sent(body, good ^ 0xFFFFFFFF), True),
-                     trailer) \
-                and _rejected(lambda: put_piecewise(key, _Sent(body, good), True),
-                              trailer) is False:
-            try:
-                got = store.get(key)
-            except ObjectStoreError as exc:
-                log.info("checksum probe of the endpoint failed: %s", exc)
-                got = None
-            store.trailing_checksums = (  # type: ignore[attr-defined]
-                got is not None and got[1] == body)
+        store.trailing_checksums = _trailer_checked(  # type: ignore[attr-defined]
+            store, put_piecewise, key, body, good)
     if verified:  # a part whose bytes changed after its CRC was taken is refused
         store.checked_checksums = True  # type: ignore[attr-defined]
     try:

@@ -48,6 +48,13 @@ OPERATIONS = {
 WAITING_AFTER = 5.0
 # How long a failure stays `status`'s last error when nothing retries its request.
 ERROR_SHOWN_FOR = 120.0
+# The `code` of failures (a Prometheus label) is S3's error code, its HTTP status where it
+# gave none, or where S3 did not answer the exception's class (RequestTimedOut,
+# EndpointUnreachable, CorruptRead); past MAX_CODES codes of one operation, or for a code
+# that is not a plain word, OTHER_CODE: an endpoint cannot make the values grow unbounded.
+OTHER_CODE = "Other"
+MAX_CODES = 16
+_CODE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.")
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class OperationStats:
     failures: int = 0
     seconds_sum: float = 0.0
     in_bucket: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    failure_codes: dict[str, int] = field(default_factory=dict)  # code -> failures
+
+    def fail(self, error: BaseException) -> None:
+        self.failures += 1
+        code = failure_code(error)
+        if code not in self.failure_codes and len(self.failure_codes) >= MAX_CODES:
+            code = OTHER_CODE
+        self.failure_codes[code] = self.failure_codes.get(code, 0) + 1
 
     def snapshot(self) -> dict[str, Any]:
         cumulative, running = {}, 0
@@ -74,6 +89,7 @@ class OperationStats:
             running += n
             cumulative[bound] = running
         return {"count": self.count, "failures": self.failures,
+                "failure_codes": dict(sorted(self.failure_codes.items())),
                 "seconds_sum": round(self.seconds_sum, 6), "buckets": cumulative}
 
 
@@ -86,6 +102,16 @@ def failure_fields(exc: BaseException) -> dict[str, Any]:
         if isinstance(status, int):
             return {"status": status, "s3_error_code": getattr(source, "code", None) or None}
     return {"status": None, "s3_error_code": None}
+
+
+def failure_code(exc: BaseException) -> str:
+    """The `code` a failure counts under (see MAX_CODES)."""
+    fields = failure_fields(exc)
+    if fields["status"] is None:
+        code = type(exc).__name__
+    else:
+        code = str(fields["s3_error_code"] or fields["status"])
+    return code if len(code) <= 64 and _CODE_CHARS.issuperset(code) else OTHER_CODE
 
 
 class S3Stats:
@@ -133,7 +159,7 @@ class S3Stats:
             if error is None:
                 self._streaks.pop((op, key), None)
                 return 0
-            stats.failures += 1
+            stats.fail(error)
             self.last_error_at = self._clock()
             before = self._streaks.get((op, key))
             attempt = (before.attempt if before else 0) + 1

@@ -141,6 +141,7 @@ def test_wrong_credentials_then_right_ones(s3_auth_server: EmbeddedS3, tmp_path:
     wrong = {"AWS_ACCESS_KEY_ID": "wrongaccesskey", "AWS_SECRET_ACCESS_KEY": WRONG_SECRET}
     proc, took = run_cli(*args, env=wrong)
     assert_clean_failure(proc, mnt, "access denied")
+    assert "check the credentials" in proc.stderr, proc.stderr
     assert took < 10
     assert WRONG_SECRET not in proc.stderr + proc.stdout
     assert WRONG_SECRET not in (tmp_path / "daemon.log").read_text()
@@ -159,6 +160,20 @@ def test_wrong_credentials_then_right_ones(s3_auth_server: EmbeddedS3, tmp_path:
     assert s3_auth_server.store(bucket).get_range("ok.txt", 0, 100) == b"authorized"
     assert s3_auth_server.store(bucket).get_range("big.bin", 0, len(big) + 1) == big
     assert s3_auth_server.secret_key not in (tmp_path / "daemon.log").read_text()
+
+
+def test_a_mount_over_seaweedfs_blames_no_credentials_for_a_checksum_form_it_refuses(
+        mount: Mount) -> None:
+    """SeaweedFS without identities answers an unsigned aws-chunked trailer 403
+    InvalidAccessKeyId, having just taken the same keys with the CRC in a header: the log
+    says the trailer form is not taken, never that access was denied (issue 52)."""
+    assert "verified by S3" in mount.probed()["checksums"]
+    log = mount.log_file.read_text()
+    blamed = [line for line in log.splitlines()
+              if "access denied" in line.lower() or "credentials" in line.lower()]
+    assert not blamed, blamed
+    assert "does not take a CRC-32C in an aws-chunked trailer (it answers HTTP 403" in log, \
+        mount.log_tail()
 
 
 def test_endpoint_unreachable(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ def test_a_failed_request_logs_operation_key_status_s3_code_and_attempt(s3, capl
     assert first.s3_error_code == "NoSuchKey"
     assert second.attempt == 2
     assert stats.snapshot()["GetObject"]["failures"] == 2
+    assert stats.snapshot()["GetObject"]["failure_codes"] == {"NoSuchKey": 2}
     assert stats.last_error_at == 1234.5
     store.put("missing", b"x", {})
     store.get_range("missing", 0, 1)  # a success ends the streak

@@ -14,6 +14,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from lakefs_mount.fuse.native import device, wire
 from lakefs_mount.fuse.native.ops import SENT, KernelOps, Reply, Sent
 from lakefs_mount.fuse.native.splicereply import SplicedReplies
 from lakefs_mount.fuse.native.wire import Request
+from lakefs_mount.metrics import Latencies
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ OPEN_TO_OTHERS = frozenset({wire.Op.INIT, wire.Op.READ, wire.Op.WRITE, wire.Op.F
                             wire.Op.RELEASEDIR, wire.Op.NOTIFY_REPLY, wire.Op.READDIRPLUS,
                             wire.Op.FORGET, wire.Op.BATCH_FORGET, wire.Op.INTERRUPT,
                             wire.Op.DESTROY})
+# opcode -> the `operation` label of its latency (an opcode this kernel made up: "other")
+OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
 
 class _Buffers:
@@ -98,6 +102,7 @@ class NativeSession:
         self._cancel = trio.CancelScope()
         # requests being served, by unique: the cancel scope of each interruptible one
         self._in_flight: dict[int, trio.CancelScope | None] = {}
+        self.latencies = Latencies()  # from a request's task start to its reply sent
 
     async def mount(self) -> None:
         """Open a connection and mount it (as root by mount(2), else through fusermount3);
@@ -184,6 +189,7 @@ class NativeSession:
 
     async def _serve_one(self, req: Request, buf: tuple[bytearray, mmap.mmap] | None,
                          scope: trio.CancelScope | None) -> None:
+        started = time.perf_counter()
         try:
             if req.opcode == wire.Op.INIT:
                 self._init(req)
@@ -201,6 +207,8 @@ class NativeSession:
                 self._buffers.give_back(buf)
         if req.opcode not in NO_REPLY and reply is not SENT:
             self.reply(req.unique, reply)
+        self.latencies.observe(OP_NAMES.get(req.opcode, "other"),
+                               time.perf_counter() - started)
 
     def _refused(self, req: Request) -> bool:
         """--allow-root: a request of a user other than root and the mounter."""
