@@ -44,7 +44,6 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from dataclasses import dataclass
 
 import trio
 
@@ -65,7 +64,8 @@ WATCH_EVERY = 0.1  # seconds between looks at the cache files being written
 BUSY_WRITER = 64 << 20  # bytes a second: a writer at least this fast keeps a core busy
 CALM_AFTER = 0.3  # seconds the cores stay free before streaming goes on again
 HOLD_AT_MOST = 5.0  # seconds of busy writers after which streaming goes on all the same
-NEAR = 0.75  # of a bound (--max-dirty, disk room): from here the writers' marks speak up
+NEAR = 0.75  # of --max-dirty: from here on the writers' marks speak up
+FAST_PACE = 2 << 30  # bytes a second a writer may add before the watcher has seen any
 
 
 class Passthrough:
@@ -90,7 +90,7 @@ class Passthrough:
         self._gate_tried = False
         self._gate_holds = 0  # the gate's `holds` counted into the metrics so far
         self._loud = False  # whether the writers' marks report accesses now
-        self._marked: dict[CachedFile, _Mark] = {}
+        self._marked: dict[CachedFile, bool] = {}  # files marked -> whether loud
         self._grew = 0  # bytes the writers added to their cache files in the last look
         # one look at a file at a time: the watcher's hand-over of chunks and `sync`
         self._looking: weakref.WeakKeyDictionary[CachedFile, trio.Lock] = (
@@ -112,7 +112,7 @@ class Passthrough:
             now = trio.current_time()
             busy = self._cores_busy(now - looked)
             looked = now
-            self._steer_gate(now)  # (near a bound, the writers wait and streaming goes on)
+            self._steer_gate()  # (near a bound, the writers wait and streaming goes on)
             held = self._first.holds(now, busy) and not self._loud
             if held:
                 self.metrics[m.STREAMING_HELD] += 1
@@ -135,7 +135,7 @@ class Passthrough:
                 log.info("passthrough writers cannot be held at --max-dirty: %s", exc)
             else:
                 self._gate = gate
-                gate.admit(self._headroom())
+                self._steer_gate()
         return self._gate
 
     def _mark(self, cf: CachedFile, gate: WriteGate) -> None:
@@ -143,32 +143,33 @@ class Passthrough:
         if cf in self._marked or cf.fid is None:
             return
         try:
-            gate.watch(self.cachefiles.path(cf.fid))
+            gate.watch(self.cachefiles.path(cf.fid), self._loud)
         except OSError as exc:  # (this file then goes unheld)
             log.warning("marking %s for holding its writers: %s", cf.key, exc)
             return
-        self._marked[cf] = _Mark(since=trio.current_time())
+        self._marked[cf] = self._loud
 
     def _unmark(self, cf: CachedFile) -> None:
         if self._marked.pop(cf, None) is not None and self._gate is not None \
                 and cf.fid is not None:
-            self._gate.quiet(self.cachefiles.path(cf.fid))
+            self._gate.unwatch(self.cachefiles.path(cf.fid))
 
-    def _steer_gate(self, now: float) -> None:
+    def _steer_gate(self) -> None:
         """What other processes may still write into the marked files before they wait:
         the room left under --max-dirty and on the cache disk; marks loud near either
         bound, quiet otherwise (each access reported costs a round trip to the gate's
-        thread). A file marked less than a look ago stays loud: its open may not have
-        reached the kernel yet."""
+        thread)."""
         gate = self._gate
         if gate is None:
             return
         room = self._headroom()
         # quiet, the writers go unheld until the next look: only while they cannot reach
-        # the bound by then at the last look's pace (a look they were held in says
-        # nothing of it: loud, the marks stay loud until the writers are far from it)
+        # the bound by then at the last look's pace, or at FAST_PACE before any (a look
+        # they were held in says nothing of it: loud, the marks stay loud until the
+        # writers are far from the bound)
+        pace = max(self._grew, int(FAST_PACE * WATCH_EVERY))
         far = self.book.max_dirty - self._near
-        loud = room is not None and (room < max(self._near, 3 * self._grew)
+        loud = room is not None and (room < max(self._near, 3 * pace)
                                      or self._loud and room < far)
         if room == 0:
             self.book.demand.pressure()  # every full dirty chunk goes up now
@@ -176,17 +177,15 @@ class Passthrough:
         if gate.holds != self._gate_holds:
             self.metrics[m.PASSTHROUGH_WRITES_HELD] += gate.holds - self._gate_holds
             self._gate_holds = gate.holds
-        for cf, mark in list(self._marked.items()):
-            want = loud or now - mark.since <= WATCH_EVERY
-            if cf.fid is None or want == mark.loud:
+        for cf, was in list(self._marked.items()):
+            if cf.fid is None or was == loud:
                 continue
-            path = self.cachefiles.path(cf.fid)
             try:
-                gate.watch(path) if want else gate.quiet(path)
+                gate.speak(self.cachefiles.path(cf.fid), loud)
             except OSError as exc:  # (a file gone meanwhile)
                 log.debug("marking %s: %s", cf.key, exc)
             else:
-                mark.loud = want
+                self._marked[cf] = loud
         self._loud = loud
 
     def _headroom(self) -> int | None:
@@ -196,7 +195,10 @@ class Passthrough:
         waiting could not end, and the writers go on, as on the daemon path."""
         unsent = self._not_handed_over()
         dirty = self.book.max_dirty - self.book.dirty_bytes - unsent
-        disk = self.room.disk_room(set()) - self.parts.part_size
+        try:
+            disk = self.room.disk_room(set()) - self.parts.part_size
+        except OSError:  # (the cache directory removed under the mount: writes will say)
+            disk = dirty
         room = max(0, min(dirty, disk))
         if not room and unsent < self.parts.part_size and not self.book.demand.busy():
             return None
@@ -441,14 +443,6 @@ class Passthrough:
         assert cf.fid is not None
         st = os.stat(self.cachefiles.path(cf.fid))
         return st.st_size, st.st_mtime_ns
-
-
-@dataclass
-class _Mark:
-    """A writer's cache file marked for the gate: since when, and whether it reports."""
-
-    since: float  # trio time
-    loud: bool = True
 
 
 class WritersFirst:

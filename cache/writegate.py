@@ -7,8 +7,9 @@ each read or write of a file that an fanotify group of class FAN_CLASS_PRE_CONTE
 watches, and the access waits until the group answers it. Whether a file's accesses are
 reported at all is fixed when the file is opened: the kernel opens the backing file of a
 passthrough open when it gets the OPEN reply, so a cache file is marked (`watch`) before
-its writer's open is answered. The mark can then be set `quiet` (no event, nothing to
-answer) and loud again while that open lasts.
+its writer's open is answered. A mark whose events are also in its ignore mask is quiet:
+the kernel drops each event itself, and an access costs no round trip to the daemon; the
+ignore mask can be taken off (`speak`) and put back while the open lasts.
 
 A `WriteGate` answers the events in a thread of its own: the daemon's own accesses at
 once; everybody else's while the bytes `admit` last allowed last (each access counts its
@@ -36,6 +37,7 @@ FAN_NONBLOCK = 0x00000002
 FAN_CLASS_PRE_CONTENT = 0x00000008
 FAN_MARK_ADD = 0x00000001
 FAN_MARK_REMOVE = 0x00000002
+FAN_MARK_IGNORE = 0x00000400
 FAN_PRE_ACCESS = 0x00100000
 FAN_ALLOW = 0x01
 FAN_EVENT_INFO_TYPE_RANGE = 6
@@ -86,21 +88,25 @@ class WriteGate:
             os.close(fd)
         self._fd = -1
 
-    def watch(self, path: Path) -> None:
-        """Report `path`'s accesses, and so make every open of it from now on one whose
-        accesses can be held."""
+    def watch(self, path: Path, loud: bool) -> None:
+        """Mark `path`: every open of it from now on is one whose accesses can be held;
+        `loud`: they are reported now (else once `speak`)."""
         self._mark(FAN_MARK_ADD, path)
+        if not loud:
+            self._mark(FAN_MARK_ADD | FAN_MARK_IGNORE, path)
 
-    def quiet(self, path: Path) -> None:
-        """No more events of `path` (its opens stay ones that can be held: `watch` it
-        again to hold them)."""
-        try:
-            self._mark(FAN_MARK_REMOVE, path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:  # (no mark: nothing to remove)
-                raise
+    def speak(self, path: Path, loud: bool) -> None:
+        """Report the accesses of a marked `path` from now on, or drop them in the kernel."""
+        self._mark((FAN_MARK_REMOVE if loud else FAN_MARK_ADD) | FAN_MARK_IGNORE, path)
+
+    def unwatch(self, path: Path) -> None:
+        """No mark on `path` any more (none there, or `path` gone: nothing to do)."""
+        for how in (FAN_MARK_REMOVE, FAN_MARK_REMOVE | FAN_MARK_IGNORE):
+            try:
+                self._mark(how, path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
 
     def _mark(self, how: int, path: Path) -> None:
         if _libc.fanotify_mark(self._fd, how, FAN_PRE_ACCESS, AT_FDCWD,

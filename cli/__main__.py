@@ -3,4 +3,5 @@ hand (the mount(8) helper runs it so)."""
 
 from lakefs_mount.cli import main
 
-main()
+if __name__ == "__main__":
+    main()
