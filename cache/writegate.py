@@ -38,6 +38,8 @@ FAN_CLASS_PRE_CONTENT = 0x00000008
 FAN_MARK_ADD = 0x00000001
 FAN_MARK_REMOVE = 0x00000002
 FAN_MARK_IGNORE = 0x00000400
+FAN_MARK_IGNORED_SURV_MODIFY = 0x00000040  # else the first write clears the ignore mask
+QUIET = FAN_MARK_IGNORE | FAN_MARK_IGNORED_SURV_MODIFY
 FAN_PRE_ACCESS = 0x00100000
 FAN_ALLOW = 0x01
 FAN_EVENT_INFO_TYPE_RANGE = 6
@@ -64,6 +66,7 @@ class WriteGate:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self.holds = 0  # accesses that waited (metrics read it)
+        self.reported = 0  # accesses of other processes the kernel asked about
 
     def open(self) -> None:
         fd = _libc.fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK,
@@ -91,17 +94,17 @@ class WriteGate:
     def watch(self, path: Path, loud: bool) -> None:
         """Mark `path`: every open of it from now on is one whose accesses can be held;
         `loud`: they are reported now (else once `speak`)."""
+        if not loud:  # (quiet first: no access slips through loud in between)
+            self._mark(FAN_MARK_ADD | QUIET, path)
         self._mark(FAN_MARK_ADD, path)
-        if not loud:
-            self._mark(FAN_MARK_ADD | FAN_MARK_IGNORE, path)
 
     def speak(self, path: Path, loud: bool) -> None:
         """Report the accesses of a marked `path` from now on, or drop them in the kernel."""
-        self._mark((FAN_MARK_REMOVE if loud else FAN_MARK_ADD) | FAN_MARK_IGNORE, path)
+        self._mark((FAN_MARK_REMOVE if loud else FAN_MARK_ADD) | QUIET, path)
 
     def unwatch(self, path: Path) -> None:
         """No mark on `path` any more (none there, or `path` gone: nothing to do)."""
-        for how in (FAN_MARK_REMOVE, FAN_MARK_REMOVE | FAN_MARK_IGNORE):
+        for how in (FAN_MARK_REMOVE, FAN_MARK_REMOVE | QUIET):
             try:
                 self._mark(how, path)
             except OSError as exc:
@@ -151,8 +154,10 @@ class WriteGate:
                 offset += length
                 if efd < 0:
                     continue
-                if pid != self._pid and self._hold(efd, count):
-                    continue
+                if pid != self._pid:
+                    self.reported += 1
+                    if self._hold(efd, count):
+                        continue
                 self._allow(efd)
 
     def _hold(self, efd: int, count: int) -> bool:
