@@ -33,7 +33,10 @@ class WarmProgress:
     bytes_total: int  # their size
     files_left: int  # files with chunks not yet cached
     bytes_left: int  # bytes of those chunks
-    fetched_bytes: int = 0  # fetched from S3 while warming (the rest was cached)
+    bytes_to_fetch: int = 0  # bytes_left at the start: what the warm-up covers
+    # came from S3 while warming (the rest was cached): also the chunks a reader or the
+    # readahead had under way, which this warm-up waited for instead of fetching again
+    fetched_bytes: int = 0
 
 
 async def warm_up(cache: CacheManager, files: list[CachedFile],
@@ -58,7 +61,8 @@ async def warm_up(cache: CacheManager, files: list[CachedFile],
     left: dict[CachedFile, int] = {}
     for cf, _ in todo:
         left[cf] = left.get(cf, 0) + 1
-    progress = WarmProgress(len(files), total, len(left), sum(span(*ref) for ref in todo))
+    to_fetch = sum(span(*ref) for ref in todo)
+    progress = WarmProgress(len(files), total, len(left), to_fetch, to_fetch)
     room = cache.room.disk_room(excluding=set(files))
     if progress.bytes_left > room:
         raise CacheTooSmall(
@@ -70,7 +74,8 @@ async def warm_up(cache: CacheManager, files: list[CachedFile],
     async def worker() -> None:
         for cf, idx in queue:  # shared by the workers: each chunk is taken once
             if not cf.unlinked:  # (removed meanwhile: its cache file is gone)
-                progress.fetched_bytes += await cache.fetcher.fetch_chunk(cf, idx)
+                await cache.fetcher.fetch_chunk(cf, idx)
+                progress.fetched_bytes += span(cf, idx)
             progress.bytes_left -= span(cf, idx)
             left[cf] -= 1
             if not left[cf]:

@@ -115,7 +115,9 @@ class ProgressPrinter:
         self.last = info
         left = left_bytes(info)
         if left is not None:  # (also between plain lines: the summary tells the total)
-            self.total = max(self.total, left)
+            # what the daemon says the operation covers (a warm-up's bytes to fetch: more
+            # than were left at its first report, a second into it), else the most left
+            self.total = max(self.total, left, info.get("bytes_total") or 0)
         if self.as_json:
             extra = self.measure(left) if left is not None else {}
             print(json.dumps({"progress": {**info, **extra}}, default=str), flush=True)

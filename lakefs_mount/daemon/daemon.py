@@ -358,6 +358,7 @@ class Daemon:
 
         async def report(p: WarmProgress) -> None:
             await progress({"files_left": p.files_left, "bytes_left": p.bytes_left,
+                            "bytes_total": p.bytes_to_fetch,
                             "waiting_on": self.s3_stats.waiting_on()})
 
         try:

@@ -4,6 +4,7 @@ real mount over SeaweedFS; the restore that follows sends no GET."""
 from __future__ import annotations
 
 import random
+import re
 import signal
 import subprocess
 import time
@@ -39,6 +40,8 @@ def test_a_warmed_up_checkpoint_restores_without_a_get(mount_factory, s3):
     done = cli("warmup", str(m.path), "ckpt")
     assert done.returncode == 0, done.stderr
     assert "4 files" in done.stderr and "fetched from S3" in done.stderr
+    size, fetched = re.search(r"4 files, (.+?) \((.+?) fetched from S3\)", done.stderr).groups()
+    assert fetched == size  # nothing was cached: every byte came (readahead's GETs too)
     assert _gets(m) >= 4 + 2  # chunks of model.bin and shard0.bin, the small ones
     before = _gets(m)
     for key, body in bodies.items():

@@ -45,6 +45,17 @@ def test_bar_shows_fraction_bytes_rate_and_eta_and_ends_at_100_percent():
                                       "24 MiB  6 MiB/s\n")
 
 
+def test_the_bar_counts_from_what_the_daemon_says_the_operation_covers():
+    """A warm-up's first report comes a second into it: the bar's total is the bytes it
+    set out to fetch, not what was left then."""
+    clock, screen = Clock(), Terminal()
+    printer = ProgressPrinter("warming", stream=screen, clock=clock)
+    clock.now = 1.0
+    printer({"bytes_left": 16 * MiB, "bytes_total": 48 * MiB, "files_left": 1})
+    assert screen.getvalue().endswith("warming [################--------]  67%  32 MiB / "
+                                      "48 MiB  32 MiB/s  ETA 0 s")
+
+
 def test_a_failed_operation_clears_the_bar_and_an_error_shows_on_it():
     clock, screen = Clock(), Terminal()
     printer = ProgressPrinter("flushing", stream=screen, clock=clock)
