@@ -79,7 +79,7 @@ async def assemble(config: MountConfig, engine: IoEngine, store: AsyncStore,
                          cache_size=config.cache_size, read_ahead=config.read_ahead,
                          open_files=open_files, on_uploaded=on_uploaded,
                          hooks=config.test_hooks)
-    dir_attrs = await open_dir_attrs(store, journal, writer)
+    dir_attrs = await open_dir_attrs(store, journal, writer, config.prefix)
     late = LateWrites(store, journal, metrics, writer)
     names = NameLog(store, journal, metrics, dir_attrs=dir_attrs, on_record=on_record,
                     late=late, hold_after_copy=config.test_hooks.hold_move_after_copy)

@@ -189,10 +189,12 @@ class DirAttrs:
             await self.store.delete(key)
 
 
-async def probe_markers(store: AsyncStore, writer: str) -> bool | None:
+async def probe_markers(store: AsyncStore, writer: str, prefix: str = "") -> bool | None:
     """Does the store keep user metadata on a key ending in "/"? None if it cannot tell
-    (a read-only bucket): then both places are read."""
-    key = f"{RESERVED_NAME}/probe-{writer}/"
+    (a read-only bucket): then both places are read. The probe's key is under the mount's
+    `prefix`: a policy that lets the mount write there only must not fail it (on S3, whose
+    markers keep their metadata, nothing else of this module writes outside the prefix)."""
+    key = f"{prefix}{RESERVED_NAME}/probe-{writer}/"
     try:  # (not counted with the lookups' HEADs: the metrics say what serving files costs)
         await store.call(store.sync.put, key, b"", {PROBE_META: "1"})
         info = await store.call(store.sync.head, key)
@@ -203,12 +205,13 @@ async def probe_markers(store: AsyncStore, writer: str) -> bool | None:
     return info is not None and info.metadata.get(PROBE_META) == "1"
 
 
-async def open_dir_attrs(store: AsyncStore, journal: AsyncJournal, writer: str) -> DirAttrs:
+async def open_dir_attrs(store: AsyncStore, journal: AsyncJournal, writer: str,
+                         prefix: str = "") -> DirAttrs:
     """The mount's DirAttrs, from the probe's answer that the journal recorded, or a new probe."""
     recorded = await journal(journal.sync.get_meta, JOURNAL_META)
     keeps = None if recorded is None else recorded == "1"
     if keeps is None:
-        keeps = await probe_markers(store, writer)
+        keeps = await probe_markers(store, writer, prefix)
         if keeps is not None:
             await journal(journal.sync.set_meta, JOURNAL_META, "1" if keeps else "0")
     log.info("directory attributes: %s", "on the dir/ markers" if keeps else

@@ -18,7 +18,7 @@ from lakefs_mount.namespace.dirattrs import (
 )
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.layout import encode_attrs
-from lakefs_mount.s3.objectstore import MAX_KEY_BYTES
+from lakefs_mount.s3.objectstore import MAX_KEY_BYTES, AccessDenied
 from tests.memstore import MemoryObjectStore
 
 PRIVATE = DirStat(stat.S_IFDIR | 0o700, 1000, 100, 1_600_000_000_123_456_789)
@@ -44,6 +44,23 @@ def test_the_probe_tells_a_store_that_keeps_marker_metadata_from_one_that_drops_
     assert _run(keeps, lambda s: probe_markers(s, "w1")) is True
     assert _run(drops, lambda s: probe_markers(s, "w1")) is False
     assert keeps.objects == {} and drops.objects == {}  # the probe leaves nothing behind
+
+
+class _PrefixScopedStore(MemoryObjectStore):
+    """A bucket policy that lets the mount write under its prefix only."""
+
+    def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> str:
+        if not key.startswith("team/"):
+            raise AccessDenied(f"{key}: access denied")
+        return super().put(key, body, metadata)
+
+
+def test_the_probe_of_a_prefix_mount_writes_under_its_prefix():
+    """A mount of s3://bucket/team/ whose policy covers team/ only can still probe (it
+    wrote at the bucket root, was refused, and wrote sidecar keys there too)."""
+    store = _PrefixScopedStore()
+    assert _run(store, lambda s: probe_markers(s, "w1", "team/")) is True
+    assert store.objects == {}
 
 
 def test_sidecar_keys_hold_the_attributes_and_are_never_a_folder_of_another_key():
