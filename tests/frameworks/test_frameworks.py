@@ -3,173 +3,59 @@
 Every test reads back from S3 or checks S3 directly: a remount with an empty cache (a
 new `mount_factory` name) proves that bytes come from the bucket, not the local cache.
 
-The distributed parts run in a subprocess: this file doubles as the script
-`python tests/frameworks/test_frameworks.py dcp-save|dcp-load ...`, which spawns the ranks
-(gloo on CPU, rendezvous through a FileStore) and exits non-zero on any error or mismatch.
+The distributed parts run in a subprocess: the script benchmarks/dcp_nodes.py spawns the
+ranks (gloo on CPU, rendezvous through a FileStore) and exits non-zero on any error or
+mismatch.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch  # installed by packaging/setup.sh: the `frameworks` extra
+
+from benchmarks import dcp_nodes
+from lakefs_mount.namespace.dirindex import RESERVED_NAME
+
 MiB = 1024 * 1024
-THIS = Path(__file__).resolve()
-
-
-# ---------------------------------------------------------------------------------------
-# DCP workers (script mode). Each rank's shard is a function of (seed, rank) only, so a
-# saver and a loader (or a reference save to local disk) agree without sharing memory.
-# ---------------------------------------------------------------------------------------
-
-def _dcp_rows(mib_per_rank: int) -> int:
-    return max(1, mib_per_rank * MiB // 4 // 1024 // 2)  # two sharded float32 tensors
-
-
-def _dcp_shard(seed: int, which: int, rank: int, rows: int) -> object:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed * 1000 + which * 100 + rank)
-    return torch.randn(rows, 1024, generator=gen)
-
-
-def _dcp_state(rank: int, world: int, mib_per_rank: int, seed: int, mesh: object) -> dict:
-    """This rank's part of a sharded state: two row-sharded DTensors plus replicated bits."""
-    import torch
-    from torch.distributed.tensor import DTensor, Shard
-
-    rows = _dcp_rows(mib_per_rank)
-
-    def sharded(which: int) -> object:
-        return DTensor.from_local(_dcp_shard(seed, which, rank, rows), mesh, [Shard(0)],
-                                  run_check=False, shape=torch.Size([rows * world, 1024]),
-                                  stride=(1024, 1))
-
-    bias = torch.randn(4096, generator=torch.Generator().manual_seed(seed))
-    return {
-        "model": {"layers.0.weight": sharded(1), "layers.0.bias": bias},
-        "optim": {"exp_avg": sharded(2), "lr": 0.125},
-        "step": 100 + seed,
-    }
-
-
-def dcp_full_state(world: int, mib_per_rank: int, seed: int, *, zeros: bool = False) -> dict:
-    """The same state as plain full tensors: what a single process loads (resharding)."""
-    import torch
-
-    rows = _dcp_rows(mib_per_rank)
-
-    def full(which: int) -> object:
-        if zeros:
-            return torch.zeros(rows * world, 1024)
-        return torch.cat([_dcp_shard(seed, which, r, rows) for r in range(world)])
-
-    bias = torch.randn(4096, generator=torch.Generator().manual_seed(seed))
-    return {
-        "model": {"layers.0.weight": full(1),
-                  "layers.0.bias": torch.zeros(4096) if zeros else bias},
-        "optim": {"exp_avg": full(2), "lr": 0.0 if zeros else 0.125},
-        "step": 0 if zeros else 100 + seed,
-    }
-
-
-def _dcp_worker(rank: int, args: argparse.Namespace) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank,
-                            world_size=args.world)
-    try:
-        mesh = init_device_mesh("cpu", (args.world,))
-        state = _dcp_state(rank, args.world, args.mib_per_rank, args.seed, mesh)
-        if args.reference:  # the same save to local disk, to compare the mount's files with
-            dcp.save(state, checkpoint_id=args.reference)
-            dist.barrier()
-            if rank == 0:
-                Path(args.reference, "DONE").touch()
-        dirs = args.dir.split(",")  # one per node: rank r saves into its node's mount
-        dcp.save(state, checkpoint_id=dirs[rank * len(dirs) // args.world])
-        if args.async_dir:
-            fut = dcp.async_save(state, checkpoint_id=args.async_dir)
-            # a training step could run here; the checkpoint is complete at result()
-            getattr(fut, "upload_completion", fut).result()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _script_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description="DCP save with N ranks (gloo on CPU)")
-    parser.add_argument("--dir", required=True, help="or DIR_A,DIR_B,...: the ranks split "
-                        "evenly over them, in order (nodes, each with its own mount)")
-    parser.add_argument("--async-dir", help="also dcp.async_save the state here")
-    parser.add_argument("--reference", help="first save the same state to this local dir")
-    parser.add_argument("--store", required=True, help="FileStore path (must not exist)")
-    parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--mib-per-rank", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch.multiprocessing as tmp
-
-    tmp.spawn(_dcp_worker, args=(args,), nprocs=args.world, join=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_script_main(sys.argv[1:]))
-
-
-# ---------------------------------------------------------------------------------------
-# Tests
-# ---------------------------------------------------------------------------------------
-
-import pytest  # noqa: E402
-import torch  # noqa: E402  (installed by packaging/setup.sh: the `frameworks` extra)
-
-from lakefs_mount.namespace.dirindex import RESERVED_NAME  # noqa: E402
 
 pytestmark = pytest.mark.parametrize("fuse_session", ["native", "pyfuse3"], indirect=True)
 
 
 def _dcp_save(directory: Path, store: Path, *, mib_per_rank: int, seed: int = 0,
-              async_dir: Path | None = None, reference: Path | None = None,
+              world: int = 4, async_dir: Path | None = None, reference: Path | None = None,
               wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
-    """Run this file as the 4-rank DCP saver (see the top of the file)."""
-    cmd = [sys.executable, str(THIS), "--dir", str(directory), "--store", str(store),
-           "--world", "4", "--mib-per-rank", str(mib_per_rank), "--seed", str(seed)]
+    """Run benchmarks/dcp_nodes.py's DCP save with `world` ranks (`directory`: or
+    `A,B,...`, one per node)."""
+    cmd = dcp_nodes.command("save", "--dir", str(directory), "--store", str(store),
+                            "--world", str(world), "--mib-per-rank", str(mib_per_rank),
+                            "--seed", str(seed))
     if async_dir is not None:
         cmd += ["--async-dir", str(async_dir)]
     if reference is not None:
         cmd += ["--reference", str(reference)]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, text=True)
+                                stdin=subprocess.DEVNULL, env=dcp_nodes.environment(),
+                                text=True)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                          stdin=subprocess.DEVNULL, env=env)
+                          stdin=subprocess.DEVNULL, env=dcp_nodes.environment())
 
 
-def _dcp_load_and_compare(directory: Path, *, mib_per_rank: int, seed: int) -> None:
-    """Load a 4-rank checkpoint into fresh full-size tensors here (DCP reshards), compare."""
+def _dcp_load_and_compare(directory: Path, *, mib_per_rank: int, seed: int,
+                          saved_world: int = 4) -> None:
+    """Load a checkpoint of `saved_world` ranks into fresh full-size tensors here (DCP
+    reshards), compare."""
     import torch.distributed.checkpoint as dcp
 
-    loaded = dcp_full_state(4, mib_per_rank, seed, zeros=True)
+    loaded = dcp_nodes.full_state(saved_world, mib_per_rank, seed, zeros=True)
     dcp.load(loaded, checkpoint_id=str(directory), no_dist=True)
-    expected = dcp_full_state(4, mib_per_rank, seed)
-    for part in ("model", "optim"):
-        for k, v in expected[part].items():
-            if isinstance(v, torch.Tensor):
-                assert torch.equal(loaded[part][k], v), f"{part}.{k} differs"
-            else:
-                assert loaded[part][k] == v
-    assert loaded["step"] == expected["step"]
+    assert dcp_nodes.compare_full(loaded, saved_world, mib_per_rank, seed) == []
 
 
 def _ok(proc: subprocess.CompletedProcess, what: str) -> None:
