@@ -238,6 +238,8 @@ def _markdown(res: dict[str, Any]) -> str:
             f"**{ratio:.2f} x** the node alone (median of per-round ratios) |",
             f"| bytes from S3, {a['nodes']} nodes at once | **{s3x:.2f} x** the checkpoint "
             f"(sum of the daemons' `bytes_downloaded`) |",
+            f"| S3 read rate, all nodes together / the node alone | "
+            f"{s3x / ratio:.2f} x (the bytes over the time, per-round medians) |",
             "", "Rounds (seconds per node; alone first in odd rounds):", "",
             "| Round | 1 node alone | all nodes at once | S3 bytes, all / checkpoint |",
             "|---:|---:|---|---:|",
@@ -249,6 +251,9 @@ def _markdown(res: dict[str, Any]) -> str:
     lines += ["", "Notes:", "",
               "- Nodes share no cache: each fresh node reads every byte it needs from S3, so "
               f"{a['nodes']} nodes restoring one checkpoint read it {a['nodes']} times.",
+              "- The resharded restore: a node fetches the files of its ranks' rows, and "
+              "the chunks (16 MiB) and read-ahead around the small replicated items (a "
+              "tensor, two scalars) that DCP's dedup put in other savers' files.",
               "- A node is a mount with its own daemon and cache dir; gloo on 127.0.0.1. "
               "The restores start on fresh mounts (empty caches, a new page cache), while "
               "SeaweedFS's volume files stay in this machine's page cache.",
