@@ -703,8 +703,9 @@ def test_a_warm_up_fetches_each_missing_chunk_once_even_beside_a_reader(tmp_path
                 done = await warm_up(c.cache, files, _no_report)
             assert done.files == 3 and done.bytes_total == sum(map(len, bodies.values()))
             assert done.bytes_left == 0 and done.files_left == 0
-            # (what the reader's and the readahead's GETs brought counts as fetched too)
-            assert done.fetched_bytes == done.bytes_to_fetch == done.bytes_total - PART
+            # what the reader's and the readahead's GETs brought counts as fetched too
+            # (the readahead of chunk 0's read may have brought more before the warm-up)
+            assert done.fetched_bytes == done.bytes_to_fetch <= done.bytes_total - PART
             assert store.calls["get_range"] == 4 + 1 + 1  # every chunk once, in all
             for cf, (key, data) in zip(files, bodies.items(), strict=True):
                 assert await c.cache.read(cf, 0, len(data)) == data, key
