@@ -97,7 +97,10 @@ def test_one_commit_covers_4_ranks_on_two_nodes_and_2_ranks_on_two_fresh_nodes_l
         mount_factory, s3, tmp_path):
     """The recipe of docs/checkpoints.md as written: save, every node flushes its own
     ranks' files, one commit; the restore runs at another world size on other nodes."""
-    a, b = (mount_factory(name=f"node-{n}") for n in "ab")
+    # (uploads wait for a flush and listings stay: a node sees only its own ranks' files
+    # however long the save takes, as _save_over checks)
+    a, b = (mount_factory("--commit-delay", "600", "--metadata-ttl", "600", name=f"node-{n}")
+            for n in "ab")
     step = "dcp/step_2"
     _save_over((a, b), step, tmp_path / "store-save")
     for node in (a, b):  # each node: its own ranks' files
