@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +77,19 @@ WARMUP = 0.1  # share of the run before the trends are fitted
 # per-step series judged for growth; the timings without the steps an event hit
 SERIES = {"rss_mib": "daemon RSS, MiB", "threads": "daemon threads", "fds": "daemon open fds",
           "journal_mib": "journal + WAL, MiB", "wal_mib": "WAL, MiB",
-          "cache_used_mib": "cache used, MiB", "s3_objects": "S3 objects",
-          "seaweed_mib": "SeaweedFS data dir, MiB", "stall_s": "stall (saves), s",
+          "cache_used_mib": "cache used, MiB", "s3_objects": "S3 objects (the job's)",
+          "s3_records": "S3 objects under .lakefs-mount/",
+          "seaweed_floor_mib": "SeaweedFS data dir after each vacuum, MiB",
+          "stall_s": "stall (saves), s",
           "durable_s": "time to durable, s", "restore_s": "cold restore, s"}
 TIMINGS = ("stall_s", "durable_s", "restore_s")
+# the daemon's own: a restart starts them afresh, so slopes are taken within one daemon
+DAEMON = ("rss_mib", "threads", "fds", "journal_mib", "wal_mib", "cache_used_mib")
 COLUMNS = ("step", "t_s", "attempts", "events", "stall_s", "torch_s", "dcp_s",
            "safetensors_s", "commit_s", "durable_s",
            "retention_s", "restore_s", "restore_mount_s", "rss_mib", "threads", "fds",
-           "journal_mib", "wal_mib", "cache_used_mib", "s3_objects", "mpu_incomplete",
+           "journal_mib", "wal_mib", "cache_used_mib", "s3_objects", "s3_records",
+           "mpu_incomplete",
            "seaweed_mib", "weed_rss_mib", "lost", "error")
 
 
@@ -117,23 +123,27 @@ def du_bytes(path: Path) -> int:
     return total
 
 
-def theil_sen(xs: list[float], ys: list[float]) -> float:
-    """The median of the slopes between all pairs: a few outliers (an outage's step, a
-    vacuum's drop) do not tilt it, where a least-squares fit follows them."""
+def theil_sen(xs: list[float], ys: list[float], groups: list[int] | None = None) -> float:
+    """The median of the slopes between all pairs (of one group, where given: one
+    daemon's life): a few outliers (an outage's step, a vacuum's drop) do not tilt it,
+    where a least-squares fit follows them; nor does a restart's step up or down."""
     slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs))
-              for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+              for j in range(i + 1, len(xs))
+              if xs[j] != xs[i] and (groups is None or groups[i] == groups[j])]
     return statistics.median(slopes) if slopes else 0.0
 
 
-def trend(rows: list[dict[str, Any]], key: str, start_s: float) -> dict[str, Any]:
-    """Growth of `key` after `start_s`, in % of its median per hour (Theil-Sen slope)."""
-    points = [(r["t_s"] / 3600, float(r[key])) for r in rows
-              if r["t_s"] >= start_s and r.get(key) not in (None, "")
+def trend(rows: list[dict[str, Any]], key: str, start_s: float,
+          restarts: Sequence[float] = ()) -> dict[str, Any]:
+    """Growth of `key` after `start_s`, in % of its median per hour (Theil-Sen slope;
+    the daemon's series within each daemon's life, split at the `restarts`' times)."""
+    points = [(r["t_s"] / 3600, float(r[key]), sum(t <= r["t_s"] for t in restarts))
+              for r in rows if r["t_s"] >= start_s and r.get(key) not in (None, "")
               and not (key in TIMINGS and r["events"])]
     if len(points) < 5:
         return {"n": len(points), "verdict": "n/a (fewer than 5 points)"}
-    xs, ys = zip(*points, strict=True)
-    slope = theil_sen(list(xs), list(ys))
+    xs, ys, lives = zip(*points, strict=True)
+    slope = theil_sen(list(xs), list(ys), list(lives) if key in DAEMON else None)
     level = statistics.median(ys)
     pct = 100 * slope / level if level else (0.0 if slope == 0 else math.inf)
     return {"n": len(points), "median": round(level, 3), "slope_per_h": round(slope, 4),
@@ -265,6 +275,22 @@ class Soak:
         self.duration = args.hours * 3600 if args.minutes is None else args.minutes * 60
         self.step_bytes = 3 * args.mib * MiB
         self.vacuums: list[dict[str, Any]] = []
+        self.header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+                       f"`python -m benchmarks soak {' '.join(sys.argv[2:])}`")
+
+    @classmethod
+    def reread(cls, out: Path) -> Soak:
+        """A run's results as it left them in `out`, to judge them again (`--report`)."""
+        saved = json.loads((out / "results.json").read_text())
+        soak = cls(argparse.Namespace(**{**saved["args"], "out": str(out)}))
+        with open(out / "steps.csv", newline="") as f:
+            soak.rows = [{**r, "t_s": float(r["t_s"]), "lost": int(r["lost"] or 0)}
+                         for r in csv.DictReader(f)]
+        soak.events, soak.vacuums = saved["events"], saved["vacuums"]
+        soak.lost, soak.corrupt = saved["lost_detail"], saved["corrupt"]
+        soak.errors, soak.final = saved["errors"], saved["final"]
+        soak.header = saved.get("header") or (out / "results.md").read_text().splitlines()[2]
+        return soak
 
     def clock(self) -> float:
         return round(time.monotonic() - self.started, 2)
@@ -573,7 +599,9 @@ class Soak:
         with contextlib.suppress(Exception):
             out["cache_used_mib"] = round(
                 api.status(self.target.path)["cache_used"] / MiB, 1)
-        out["s3_objects"] = len(s3_keys(self.client, self.bucket, ""))
+        keys = s3_keys(self.client, self.bucket, "")
+        out["s3_records"] = sum(k.startswith(".lakefs-mount/") for k in keys)
+        out["s3_objects"] = len(keys) - out["s3_records"]
         out["mpu_incomplete"] = self.incomplete_uploads()
         out["seaweed_mib"] = round(du_bytes(self.server.server.data_dir) / MiB, 1)
         out["weed_rss_mib"] = proc_status(self.server.server.pid)["rss_mib"]
@@ -632,7 +660,11 @@ class Soak:
         self.write_rows()
         final = getattr(self, "final", {})
         warm = WARMUP * (self.rows[-1]["t_s"] if self.rows else 0)
-        trends = {k: trend(self.rows, k, warm) for k in SERIES}
+        restarts = [e["t_s"] for e in self.events if e["kind"] == "restarted"]
+        floors = [{"t_s": v["t_s"], "seaweed_floor_mib": v["after_mib"], "events": ""}
+                  for v in self.vacuums]
+        trends = {k: trend(floors if k == "seaweed_floor_mib" else self.rows, k, warm,
+                           restarts) for k in SERIES}
         lost = sum(int(r["lost"]) for r in self.rows)
         checks = {
             "no series grows > 10 %/h after the warm-up":
@@ -647,7 +679,8 @@ class Soak:
             "ran to the end": not self.errors,
         }
         restores = [float(r["restore_s"]) for r in self.rows if r["restore_s"] != ""]
-        summary = {"args": vars(self.args), "steps": len(self.rows), "lost": lost,
+        summary = {"args": vars(self.args), "header": self.header,
+                   "steps": len(self.rows), "lost": lost,
                    "lost_detail": self.lost, "corrupt": self.corrupt, "errors": self.errors,
                    "final": final, "trends": trends, "checks": checks,
                    "events": self.events, "vacuums": self.vacuums,
@@ -667,8 +700,7 @@ class Soak:
         rows = self.rows
         lines = [f"# Soak: {len(rows)} checkpoint steps in "
                  f"{(rows[-1]['t_s'] if rows else 0) / 60:.0f} min",
-                 "", f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-                 f"`python -m benchmarks soak {' '.join(sys.argv[2:])}`", "",
+                 "", self.header, "",
                  f"A step: torch.save, DCP (world size 1, 2 writer threads) and safetensors "
                  f"of one {a.mib} MiB state, every {a.every:g} s, then `commit`; the last "
                  f"{a.keep} steps kept; a cold restore of the newest every "
@@ -684,11 +716,18 @@ class Soak:
                   f"({WARMUP:.0%} of the run): the Theil-Sen slope (median of the slopes "
                   "between all pairs of steps, so an outage's step or a vacuum's drop does "
                   "not tilt it), as % of the series' median per hour; goal <= "
-                  f"{GROWTH_GOAL:g} %/h. Timings leave out the steps an event hit.", "",
+                  f"{GROWTH_GOAL:g} %/h. Timings leave out the steps an event hit; the "
+                  "daemon's series pair only steps of one daemon (a restart starts them "
+                  "afresh); SeaweedFS keeps deleted data until a vacuum, so its data dir "
+                  "is judged by its size after each vacuum (the raw saw-tooth is in the "
+                  "plot).", "",
                   "| Series | n | median | first -> last | slope per h | % per h | |",
                   "|---|---:|---:|---:|---:|---:|---|"]
+        split = any(r.get("s3_records") not in (None, "") for r in rows)
         for key, label in SERIES.items():
             t = s["trends"][key]
+            if key == "s3_objects" and not split:  # (a run before the column)
+                label = "S3 objects, .lakefs-mount/ included"
             if "median" not in t:
                 lines.append(f"| {label} | {t['n']} | | | | | {t['verdict']} |")
                 continue
@@ -774,7 +813,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--workdir", default="/var/tmp/lakefs-mount-soak",
                     help="scratch (wiped at start and end)")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: judge the results in --out again and rewrite them")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.report:
+        return Soak.reread(Path(args.out)).report()
     if args.quick:
         args.minutes = args.minutes or 3.0
         args.steps = args.steps or 4
