@@ -98,6 +98,7 @@ class Rank:
         self.state = state_dict(rank, mib)
         self.endpoint = endpoint
         self.world = 1
+        self.dcp_threads = DCP_THREADS
         self._s3: S3Access | None = None
 
     @property
@@ -105,6 +106,15 @@ class Rank:
         if self._s3 is None:
             self._s3 = S3Access(self.endpoint)
         return self._s3
+
+    def mark(self, step: int, dcp_threads: int | None = None) -> None:
+        """Put `step` into the state (a soak saves one per step: a restore that read an
+        older step's files back fails the comparison) and set DCP's writer threads."""
+        import torch
+
+        self.state["step"] = torch.tensor([step], dtype=torch.int64)
+        if dcp_threads is not None:
+            self.dcp_threads = dcp_threads
 
     # ------------------------------------------------------------------ saves
 
@@ -141,7 +151,7 @@ class Rank:
         from torch.distributed.checkpoint import FileSystemWriter
 
         writer = (self.s3.dcp_writer(place) if is_s3(place)
-                  else FileSystemWriter(place, thread_count=DCP_THREADS))
+                  else FileSystemWriter(place, thread_count=self.dcp_threads))
         dcp.save(self.state, storage_writer=writer, no_dist=world == 1)
 
     # ------------------------------------------------------------------ loads
@@ -236,7 +246,7 @@ def serve(conn: Connection, rank: int, mib: int, endpoint: str) -> None:
         warnings.filterwarnings("ignore", message=noise)
     ops: dict[str, Callable[..., Any]] = {"save": worker.save, "load": worker.load,
                                           "init_group": worker.init_group,
-                                          "warm_up": worker.warm_up}
+                                          "warm_up": worker.warm_up, "mark": worker.mark}
     while (msg := conn.recv()) is not None:
         op, kwargs = msg
         try:

@@ -106,9 +106,15 @@ class Uploads:
     async def ensure(self, cf: CachedFile) -> tuple[str, str]:
         """The file's open upload, created for its key now. A rename while the upload was
         being created (the rename found none to take off) leaves it at the old key: it
-        is abandoned as the rename would have, and one is created for the new key."""
+        is abandoned as the rename would have, and one is created for the new key. A
+        removal meanwhile leaves it to nobody: it is aborted, and NoSuchUpload stops the
+        part (its callers take that as the upload gone)."""
         async with cf.upload_lock:
             while True:
+                if cf.unlinked:  # removed while this part waited, or while S3 created the
+                    # upload below (the removal found none to abort): nothing goes up
+                    self.cache.detach_upload(cf)  # (aborted in the background)
+                    raise NoSuchUpload(f"{cf.key} was removed; its upload is not needed")
                 if cf.upload.id is not None and cf.upload.key is not None:
                     if cf.upload.key == cf.commit_key():  # (a rename may have kept it)
                         return cf.upload.key, cf.upload.id

@@ -154,3 +154,37 @@ def test_outage_benchmark_quick(tmp_path: Path) -> None:
     assert {len(v) for v in only["seconds"].values()} == {2}
     assert set(only["seconds"]) == {"healthy", "black-hole"}
     assert math.isfinite(results["median_ratio"]) and results["median_ratio"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_soak_benchmark_quick_loses_nothing(tmp_path: Path) -> None:
+    """`python -m benchmarks soak --quick`: 4 small steps with a kill -9 of the daemon
+    and its restart, a short S3 black hole and a full cache disk; no checkpoint lost or
+    corrupt, no multipart upload left, the bucket holding the steps kept; nothing of the
+    run left behind (mounts, the loop-mounted cache disk, the scratch dir)."""
+    out, work = tmp_path / "results", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "soak", "--quick", "--out", str(out),
+         "--workdir", str(work)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=220)
+    log = f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 4, log
+    assert results["lost"] == 0 and not results["lost_detail"], log
+    assert not results["corrupt"] and results["restores"] >= 1, log
+    assert results["final"]["mpu_incomplete"] == 0, log
+    assert results["final"]["stray_prefixes"] == [] and results["final"]["verified"], log
+    kinds = [e["kind"] for e in results["events"]]
+    assert {"kill -9", "daemon died", "restarted", "outage", "outage over"} <= set(kinds), \
+        kinds
+    assert "UNEXPECTEDLY" not in json.dumps(results["events"]), results["events"]
+    if os.geteuid() == 0:
+        assert "cache disk filled" in kinds, kinds
+    rows = (out / "steps.csv").read_text().splitlines()
+    assert len(rows) == 5 and "kill -9" in rows[2], rows
+    assert "| 0 lost checkpoints | PASS |" in (out / "results.md").read_text()
+    assert (out / "soak.png").is_file()
+    assert proc.returncode == 0, log
+    assert not work.exists()
+    assert str(work) not in Path("/proc/self/mountinfo").read_text()

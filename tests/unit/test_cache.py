@@ -956,3 +956,40 @@ def test_a_commit_landing_after_a_truncate_below_it_brings_no_old_bytes_back(tmp
             assert await c.cache.read(cf, 2 * PART, 4096) == want[2 * PART:2 * PART + 4096]
             assert store.objects["f"].body == want
     run(body)
+
+
+class GatedCreateStore(MemoryObjectStore):
+    """CreateMultipartUpload says it was asked (`asked`), then waits for `go`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = threading.Event()
+        self.go = threading.Event()
+
+    def create_multipart(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.asked.set()
+        self.go.wait(10)
+        return super().create_multipart(*args, **kwargs)
+
+
+def test_a_file_removed_while_its_upload_is_created_leaves_no_upload_open(tmp_path):
+    """The removal found no upload to abort (S3 had not answered the create yet), so the
+    upload S3 then made must be aborted here, not left open until the next mount (issue
+    51: a soak's kill -9, restart and rmtree of the recovered files left two open)."""
+    store = GatedCreateStore()
+
+    async def body() -> None:
+        async with core(tmp_path, store) as c:
+            cf = await c.write_file("gone", random.randbytes(2 * PART + 1))
+            cf.writers -= 1
+            c.flusher.request_commit(cf)
+            with trio.fail_after(10):
+                while not store.asked.is_set():
+                    await trio.sleep(0.01)
+            await c.cache.discard(cf)
+            store.go.set()
+            with trio.fail_after(10):
+                while store.uploads or c.journal.orphan_uploads():
+                    await trio.sleep(0.01)
+            assert not store.objects
+    run(body)
