@@ -37,7 +37,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -58,6 +57,7 @@ from benchmarks.targets import (
     RcloneTarget,
     Target,
     abort_fuse_connection,
+    clean_up_on_sigterm,
     create_warm_bucket,
     delete_bucket,
     find_peers,
@@ -568,10 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     use_bench_credentials()
 
-    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    clean_up_on_sigterm()
     bench = Bench(a)
     started = time.monotonic()
     fatal = ""

@@ -25,7 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from benchmarks.ckpt_ranks import DataError
 from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     LakefsTarget,
+    clean_up_on_sigterm,
     create_warm_bucket,
     delete_bucket,
     start_embedded_s3,
@@ -212,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     use_bench_credentials()
 
-    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    clean_up_on_sigterm()
     return Loop(args).run()
 
 

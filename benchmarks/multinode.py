@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import dcp_nodes
-from benchmarks.targets import CLI, LakefsTarget, _run, create_warm_bucket, embedded_session
+from benchmarks.targets import (
+    CLI,
+    LakefsTarget,
+    _run,
+    clean_up_on_sigterm,
+    create_warm_bucket,
+    embedded_session,
+)
 
 HERE = Path(__file__).resolve().parent
 STEP = "run/step_1000"
@@ -277,10 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.world % args.nodes or args.restore_world % args.restore_nodes:
         ap.error("the ranks must split evenly over the nodes")
 
-    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    clean_up_on_sigterm()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],

@@ -57,6 +57,7 @@ from benchmarks.s3config import s3_config
 from benchmarks.targets import (
     LakefsTarget,
     _alive,
+    clean_up_on_sigterm,
     create_warm_bucket,
     start_embedded_s3,
     use_bench_credentials,
@@ -827,10 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         args.restart_delay, args.vacuum_every = 1.0, 0.0
     use_bench_credentials()
 
-    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    clean_up_on_sigterm()
     return Soak(args).run()
 
 

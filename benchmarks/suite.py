@@ -19,7 +19,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from benchmarks.targets import (
     LakefsTarget,
     RcloneTarget,
     Target,
+    clean_up_on_sigterm,
     create_warm_bucket,
     delete_bucket,
     find_peers,
@@ -1054,10 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def on_term(signum: int, _frame: Any) -> None:  # run the finally clean-ups
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    clean_up_on_sigterm()
     suite = Suite(a)
     crashed = False
     try:

@@ -35,6 +35,16 @@ ACCESS_KEY = "benchaccesskey"
 SECRET_KEY = "benchsecretkey"
 
 
+def clean_up_on_sigterm() -> None:
+    """SIGTERM ends a benchmark as Ctrl-C does: its `finally` clean-ups run (mounts,
+    daemons, servers)."""
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def use_bench_credentials() -> None:
     """This process and the mounts it starts sign with the benchmark's keys, nobody's own."""
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
