@@ -293,6 +293,7 @@ class CachedFile:
         self.base.key, self.base.size, self.base.etag = key, size, etag
         self.base.crc = None if crc is None else (etag, crc)
         self.base.meta = meta
+        self.base.validated_at = time.monotonic()
 
     def rebased(self, key: str | None, etag: str | None = None) -> None:
         """Its base object is now `key` (a rename; a move in S3, which may have given it
@@ -300,6 +301,7 @@ class CachedFile:
         self.base.key = key
         if etag is not None:
             self.base.etag = etag
+            self.base.validated_at = time.monotonic()
 
     def changed(self) -> None:
         """Its content, size or attributes changed: a commit of an older version no

@@ -413,14 +413,20 @@ class Listed(Tree):
     def _refresh_file(self, inode: Inode, obj: ObjectInfo, listed_at: float) -> None:
         """A listing saw the object: unchanged, that validates it for close-to-open (no
         HEAD at the next open: one LIST stands for a HEAD of every file in it); changed in
-        S3 (written elsewhere), what we cached of it is dropped."""
+        S3 (written elsewhere), what we cached of it is dropped.
+
+        Not a change made elsewhere: an object this mount replaces (a rename over the
+        name, not yet moved in S3), or one a listing sent before this mount's own commit
+        or move landed still shows (S3 confirmed the file's base after the listing was
+        sent). Taken for one, the name served the bytes it had replaced."""
         cf = inode.file
         assert cf is not None
         if cf.base.etag == obj.etag:
             if cf.base.key == obj.key:
                 cf.validated(listed_at)
             return
-        if cf.pending or cf.openers:
+        if (cf.pending or cf.openers or listed_at < cf.base.validated_at
+                or self._pending(self.key_of(inode))):
             return
         self.cache.invalidate(cf)
         cf.object_seen(obj.key, obj.size, obj.etag, time.monotonic())

@@ -7,7 +7,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -15,6 +17,7 @@ import trio
 from lakefs_mount.fs.errors import FSError
 from lakefs_mount.namespace.inode import ROOT_INO
 from lakefs_mount.s3.layout import decode_attrs
+from lakefs_mount.s3.objectstore import Listing
 from tests.fs.core import PREFIX, Core, filesystem
 from tests.memstore import MemoryObjectStore
 
@@ -314,4 +317,105 @@ def test_an_atime_set_is_kept_and_ctime_is_the_time_of_the_change(tmp_path):
                 written.atime_ns, written.mtime_ns, written.ctime_ns)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
+    trio.run(body)
+
+
+
+class _LateStore(MemoryObjectStore):
+    """A store whose CopyObject waits for `release` (a rename's move in S3 under way),
+    and whose listings, once `hold_listings` is set, answer what the store held when they
+    were sent only after `answer` is set (an S3 that is slow to list)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release, self.copying = threading.Event(), threading.Event()
+        self.hold_listings, self.listed, self.answer = (threading.Event(), threading.Event(),
+                                                        threading.Event())
+
+    def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        self.copying.set()
+        self.release.wait(30)
+        return super().copy(src, dst, metadata)
+
+    def list_dir(self, prefix: str) -> Listing:
+        listing = super().list_dir(prefix)
+        if self.hold_listings.is_set():
+            self.listed.set()
+            self.answer.wait(30)
+        return listing
+
+
+async def _when(event: threading.Event) -> None:
+    assert await trio.to_thread.run_sync(event.wait, 30)
+
+
+async def _ls_answered_late(c: Core, store: _LateStore,
+                            meanwhile: Callable[[], Awaitable[None]]) -> dict[str, int]:
+    """`ls -l` of the root whose listing S3 answers only after `meanwhile` ran, as it was
+    when `ls` asked: the sizes it shows."""
+    store.hold_listings.set()
+    async with trio.open_nursery() as nursery:
+        opened: list[int] = []
+
+        async def ls() -> None:
+            opened.append(await c.fs.opendir(ROOT_INO))
+
+        nursery.start_soon(ls)
+        await _when(store.listed)
+        await meanwhile()
+        store.answer.set()
+    sizes = {name: attr.size for name, attr, _ in c.fs.readdir(opened[0], 0)}
+    c.fs.releasedir(opened[0])
+    return sizes
+
+
+@pytest.mark.parametrize("listed", ["before the move lands", "as the move lands",
+                                    "sent before the move, answered after"])
+def test_a_listing_of_the_old_target_never_undoes_a_rename_over_it(tmp_path, listed):
+    """`rename(tmp, ckpt)` over a committed `ckpt`: a listing that shows the old `ckpt`
+    (S3 has not moved the object yet, or had not when it was asked) must not make the
+    name serve the bytes it replaced."""
+    async def body() -> None:
+        store = _LateStore()
+        async with filesystem(tmp_path, store, ttl=0.0) as c:
+            await _write_file(c, ROOT_INO, "ckpt.tmp", b"new")
+            await _write_file(c, ROOT_INO, "ckpt", b"old content")
+            await c.settled()
+            await c.fs.rename(ROOT_INO, "ckpt.tmp", ROOT_INO, "ckpt", 0)
+            await _when(store.copying)
+            if listed == "sent before the move, answered after":
+                async def move_lands() -> None:
+                    store.release.set()
+                    await c.settled()
+                assert await _ls_answered_late(c, store, move_lands) == {"ckpt": 3}
+                gets = store.calls["get"] + store.calls["get_range"]
+                attr = await c.fs.lookup(ROOT_INO, "ckpt")
+                assert (attr.size, await _read_file(c, attr.ino)) == (3, b"new")
+                assert store.calls["get"] + store.calls["get_range"] == gets  # still cached
+            if listed == "as the move lands":
+                store.release.set()
+            attr = await c.fs.lookup(ROOT_INO, "ckpt")  # (ttl 0: lists the directory)
+            assert (attr.size, await _read_file(c, attr.ino)) == (3, b"new")
+            store.release.set()
+            await c.settled()
+            attr = await c.fs.lookup(ROOT_INO, "ckpt")
+            assert (attr.size, await _read_file(c, attr.ino)) == (3, b"new")
+            assert c.store.objects[PREFIX + "ckpt"].body == b"new"
+    trio.run(body)
+
+
+def test_a_listing_sent_before_a_commit_landed_never_brings_the_old_version_back(tmp_path):
+    async def body() -> None:
+        store = _LateStore()
+        async with filesystem(tmp_path, store, ttl=0.0) as c:
+            ino = await _write_file(c, ROOT_INO, "ckpt", b"old content")
+            await c.settled()
+            fh = await c.fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+            await c.fs.write(fh, 0, b"new")
+            await c.fs.release(fh)
+            assert await _ls_answered_late(c, store, c.settled) == {"ckpt": 3}
+            gets = store.calls["get"] + store.calls["get_range"]
+            attr = await c.fs.lookup(ROOT_INO, "ckpt")
+            assert (attr.size, await _read_file(c, attr.ino)) == (3, b"new")
+            assert store.calls["get"] + store.calls["get_range"] == gets  # still cached
     trio.run(body)

@@ -687,3 +687,30 @@ def test_a_listing_answered_before_an_rmdir_landed_does_not_bring_the_directory_
     assert "b" not in os.listdir(m.path / "a")
     (m.path / "a").rmdir()
     assert m.flush().returncode == 0
+
+
+def test_a_rename_over_a_committed_file_serves_the_new_bytes_while_s3_moves_them(
+        mount_factory, s3, fault_proxy):
+    """`rename(tmp, ckpt)` over a committed `ckpt`, and an `ls -l` and a read of `ckpt`
+    while S3's CopyObject is still under way: S3 lists the old `ckpt` then. The name must
+    show and read what was renamed onto it (it served the old size, or ENOENT, under
+    load), and S3 ends with the new bytes."""
+    fault_proxy.parse_requests = True
+    m = mount_factory("--metadata-ttl", "0.2", endpoint_url=fault_proxy.endpoint_url)
+    (m.path / "ckpt.tmp").write_bytes(b"new")
+    (m.path / "ckpt").write_bytes(b"old content")
+    assert m.flush().returncode == 0
+    copy = fault_proxy.delay_requests(
+        lambda method, target: method == "PUT" and target.split("?")[0].endswith("/ckpt"))
+    try:
+        os.rename(m.path / "ckpt.tmp", m.path / "ckpt")
+        _wait_until(lambda: fault_proxy.requests_held >= 1, "the move's CopyObject held")
+        for _ in range(3):
+            time.sleep(0.3)  # past the TTL: each look lists the directory again
+            assert {p.name: p.stat().st_size for p in m.path.iterdir()} == {"ckpt": 3}
+            assert (m.path / "ckpt").read_bytes() == b"new", m.log_tail()
+    finally:
+        copy.set()
+    assert m.flush().returncode == 0, m.log_tail()
+    assert bucket_tree(s3) == {"ckpt": b"new"}
+    assert (m.path / "ckpt").read_bytes() == b"new"
