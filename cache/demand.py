@@ -4,7 +4,8 @@ The cache hands over full chunks to upload while writing goes on (`chunk_full`),
 every full chunk at once when it runs out of room (`pressure`), and asks whether uploads
 under way will free any (`busy`). A temporary file (`hold`) keeps its full chunks back
 until it has its final name or is closed (`release`), or for at most the hold. A file a
-writer the daemon did not see has left is committed (`commit`). The cache makes it; the
+writer the daemon did not see has left is committed (`commit`), and so is a closed file
+when the cache runs out of room. The cache makes it; the
 flusher keeps its queues here and wakes on `wake`. Neither side is patched into the other
 after construction.
 """
@@ -74,9 +75,14 @@ class UploadDemand:
             self.wake.set()
 
     def pressure(self) -> None:
-        """The cache is short of room: every full dirty chunk goes up now."""
+        """The cache is short of room: every full dirty chunk goes up now; a closed
+        file's as its commit, now (a file of one part sent as a part of a multipart
+        upload went again as a PutObject, the upload aborted)."""
         for cf in list(self._files.values()):
-            self._queue_full(cf)
+            if cf.writers or cf.pt.writers:
+                self._queue_full(cf)
+            elif any(ch.state is ChunkState.DIRTY for ch in cf.chunks.values()):
+                self.commits.add(cf)
         self.wake.set()
 
     def _queue_full(self, cf: CachedFile) -> None:
@@ -86,4 +92,5 @@ class UploadDemand:
 
     def busy(self) -> bool:
         """True while uploads or commits are under way or queued: data will drain."""
-        return bool(self.in_flight or self.parts or self.committing or self.commit_wanted)
+        return bool(self.in_flight or self.parts or self.committing or self.commit_wanted
+                    or self.commits)

@@ -41,9 +41,9 @@ class DiskRoom:
     def disk_room(self, excluding: set[CachedFile]) -> int:
         """Bytes the cache disk can take in: free space above the journal's reserve, plus
         the clean chunks eviction can free (leaving out those of `excluding`)."""
-        return max(0, self._free_above_reserve()) + self.evictor.budget.clean_bytes(excluding)
+        return max(0, self.free_above_reserve()) + self.evictor.budget.clean_bytes(excluding)
 
-    def _free_above_reserve(self) -> int:
+    def free_above_reserve(self) -> int:
         """Free bytes of the cache disk beyond the journal's reserve (the part of it not yet
         allocated to the journal's files still counts as the reserve's)."""
         st = os.statvfs(self.data_dir)
@@ -77,7 +77,7 @@ class DiskRoom:
     async def ensure(self, needed: int) -> None:
         """Before new dirty chunks (or a warm-up's fetch): room for them above the reserve."""
         async def attempt() -> int:
-            return max(0, needed - self._free_above_reserve())
+            return max(0, needed - self.free_above_reserve())
 
         await self.patiently(attempt, f"cache disk {self.data_dir}")
 

@@ -308,8 +308,9 @@ class Flusher:
             self.metrics[m.OBJECTS_PUT] += 1
             self.metrics[m.BYTES_UPLOADED] += size
             committed = []
-            for i, (ch, gen) in sent.items():
-                if cf.chunks.get(i) is ch and ch.gen == gen and ch.state is ChunkState.DIRTY:
+            for i, (ch, gen) in sent.items():  # (also a part streamed meanwhile, or still
+                # on its way into the upload aborted above: the object holds its bytes)
+                if cf.chunks.get(i) is ch and ch.gen == gen and ch.state in PENDING_STATES:
                     self.cache.book.set_state(cf, ch, i, ChunkState.UPLOADED)  # made clean below
                     committed.append(i)
         else:

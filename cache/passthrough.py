@@ -41,6 +41,7 @@ a save takes as long as on the local disk; streamed meanwhile, it takes markedly
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import weakref
@@ -90,6 +91,7 @@ class Passthrough:
         self._gate_tried = False
         self._gate_holds = 0  # the gate's `holds` counted into the metrics so far
         self._loud = False  # whether the writers' marks report accesses now
+        self._shut = False  # whether the gate holds every access now (no room at all)
         self._marked: dict[CachedFile, bool] = {}  # files marked -> whether loud
         self._grew = 0  # bytes the writers added to their cache files in the last look
         # one look at a file at a time: the watcher's hand-over of chunks and `sync`
@@ -112,6 +114,7 @@ class Passthrough:
             now = trio.current_time()
             busy = self._cores_busy(now - looked)
             looked = now
+            await self._make_disk_room()
             self._steer_gate()  # (near a bound, the writers wait and streaming goes on)
             held = self._first.holds(now, busy) and not self._loud
             if held:
@@ -123,16 +126,39 @@ class Passthrough:
                 except OSError as exc:  # a full disk, a vanished file: the last close syncs
                     log.warning("watching %s: %s", cf.key, exc)
 
+    async def _make_disk_room(self) -> None:
+        """Evict clean chunks before the kernel needs their room: it writes into the
+        cache files itself, and a full disk fails its write at once (ENOSPC), where the
+        daemon path evicts first. Kept free: a part, and what the writers may add
+        before the next looks (the gate's margin: its marks stay quiet while there is
+        that much); the gate holds them where this cannot keep up."""
+        if not self.writing:
+            return
+        try:
+            free = self.room.free_above_reserve()
+        except OSError:  # (the cache directory removed under the mount: writes will say)
+            return
+        wanted = self.parts.part_size + max(self._near, 3 * self._grew)
+        if free < wanted:
+            await self.room.evictor.evict_bytes(wanted - free)
+
     def _gated(self) -> WriteGate | None:
-        """The gate, opened at the first writer; None where the kernel has none (then
-        passthrough writers are not held: said once)."""
+        """The gate, opened at the first writer; None where the kernel has none, or the
+        cache disk's file system reports no pre-content events (then passthrough writers
+        are not held: said once)."""
         if not self._gate_tried:
             self._gate_tried = True
             gate = WriteGate()
             try:
                 gate.open()
+                if not gate.holds_on(self.cachefiles.data_dir):
+                    gate.close()
+                    raise OSError(errno.EOPNOTSUPP, "the cache directory's file system "
+                                  "reports no pre-content events (fanotify)")
             except OSError as exc:
-                log.info("passthrough writers cannot be held at --max-dirty: %s", exc)
+                log.info("passthrough writers cannot be held at --max-dirty: %s (they "
+                         "take the daemon path while the cache disk is short of room)",
+                         exc)
             else:
                 self._gate = gate
                 self._steer_gate()
@@ -163,15 +189,11 @@ class Passthrough:
         if gate is None:
             return
         room = self._headroom()
-        # quiet, the writers go unheld until the next look: only while they cannot reach
-        # the bound by then at the last look's pace, or at FAST_PACE before any (a look
-        # they were held in says nothing of it: loud, the marks stay loud until the
-        # writers are far from the bound)
-        pace = max(self._grew, int(FAST_PACE * WATCH_EVERY))
+        # loud, the marks stay loud until the writers are far from the bound
         far = self.book.max_dirty - self._near
-        loud = room is not None and (room < max(self._near, 3 * pace)
-                                     or self._loud and room < far)
-        if room == 0:
+        loud = room is not None and (room < self._margin() or self._loud and room < far)
+        self._shut = room == 0
+        if self._shut:
             self.book.demand.pressure()  # every full dirty chunk goes up now
         gate.admit(room)  # (a quiet mark reports nothing: only loud ones count it down)
         if gate.holds != self._gate_holds:
@@ -190,17 +212,19 @@ class Passthrough:
 
     def _headroom(self) -> int | None:
         """Bytes writers may add before the daemon path would make them wait: under
-        --max-dirty and on the cache disk (a part kept free). None when there is none and
-        nothing drains (no upload under way or queued, no whole part to hand over):
+        --max-dirty and free on the cache disk now (a part kept free; clean chunks count
+        once evicted, `_make_disk_room`). None when there is none and nothing drains (no
+        upload under way or queued, no whole part to hand over, nothing to evict):
         waiting could not end, and the writers go on, as on the daemon path."""
         unsent = self._not_handed_over()
         dirty = self.book.max_dirty - self.book.dirty_bytes - unsent
         try:
-            disk = self.room.disk_room(set()) - self.parts.part_size
+            disk = self.room.free_above_reserve() - self.parts.part_size
         except OSError:  # (the cache directory removed under the mount: writes will say)
             disk = dirty
         room = max(0, min(dirty, disk))
-        if not room and unsent < self.parts.part_size and not self.book.demand.busy():
+        if (not room and unsent < self.parts.part_size and not self.book.demand.busy()
+                and not (disk <= 0 < self.book.budget.clean_bytes(self.writing))):
             return None
         return room
 
@@ -215,6 +239,13 @@ class Passthrough:
                          if (ch := cf.chunks.get(idx)) and ch.state is not ChunkState.CLEAN)
             total += max(0, grown - handed)
         return total
+
+    def _margin(self) -> int:
+        """Room below which the marks speak up. Quiet, the writers go unheld until the
+        next look: only while they cannot reach the bound by then at the last look's
+        pace, or at FAST_PACE before any (a look they were held in says nothing of it)."""
+        pace = max(self._grew, int(FAST_PACE * WATCH_EVERY))
+        return max(self._near, 3 * pace)
 
     @property
     def _near(self) -> int:
@@ -263,7 +294,12 @@ class Passthrough:
         assert cf.fid is not None  # (a thread: SEEK_HOLE waits for a write() under way)
         written = await trio.to_thread.run_sync(
             _written_up_to, self.cachefiles.path(cf.fid), seen[0], abandon_on_cancel=True)
-        full = self.parts.chunk_of(written) if written else 0  # the chunks wholly written
+        # the chunks wholly written and gone past: a file that ends with a chunk is sent
+        # whole by its commit (a file of one part: a PutObject, no multipart upload begun
+        # and aborted), as on the daemon path; at a bound at once, where the writer may be
+        # held right at a chunk's end
+        edge = written if self._shut else written - 1
+        full = self.parts.chunk_of(edge) if written else 0
         todo = [i for i in range(full) if i not in cf.pt.streamed]
         if todo:
             cf.pt.streamed.update(todo)
@@ -294,6 +330,7 @@ class Passthrough:
                 if gate is not None:
                     self._mark(cf, gate)
                 await self._recorded(cf)
+                await self._make_disk_room()
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -318,8 +355,14 @@ class Passthrough:
         if not self.reader.holds(cf, 0, cf.size):
             return False
         # a writer the daemon does not see must find room: otherwise the daemon path waits
-        return not writable or (self.book.dirty_bytes < self.book.max_dirty
-                                and self.room.disk_room(set()) >= self.parts.part_size)
+        if not writable:
+            return True
+        if self.book.dirty_bytes >= self.book.max_dirty:
+            return False
+        if self._gated() is None:  # nothing holds it once the kernel writes: room for
+            # --max-dirty free now, or the daemon path (which evicts and waits)
+            return self.room.free_above_reserve() >= self.book.max_dirty + self.parts.part_size
+        return self.room.disk_room(set()) >= self.parts.part_size  # (evicted at the open)
 
     async def _recorded(self, cf: CachedFile) -> None:
         """The journal knows that the kernel may write the file, before the open is

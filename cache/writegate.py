@@ -27,6 +27,7 @@ import logging
 import os
 import select
 import struct
+import tempfile
 import threading
 from pathlib import Path
 
@@ -90,6 +91,20 @@ class WriteGate:
         for fd in (self._fd, self._waker_r, self._waker_w):
             os.close(fd)
         self._fd = -1
+
+    def holds_on(self, directory: Path) -> bool:
+        """Whether writers of files in `directory` can be held: the file system must
+        report pre-content events (ext4, xfs, btrfs do; tmpfs does not: EOPNOTSUPP)."""
+        fd, probe = tempfile.mkstemp(prefix=".gate-probe-", dir=directory)
+        os.close(fd)
+        try:
+            self._mark(FAN_MARK_ADD, Path(probe))
+            self._mark(FAN_MARK_REMOVE, Path(probe))
+        except OSError:
+            return False
+        finally:
+            os.unlink(probe)
+        return True
 
     def watch(self, path: Path, loud: bool) -> None:
         """Mark `path`: every open of it from now on is one whose accesses can be held;

@@ -19,12 +19,23 @@ MiB = 1024 * 1024
 
 
 @contextlib.contextmanager
-def _cache_on_tmpfs(mount_factory, size: str, *options: str, endpoint_url: str | None = None):
+def _cache_on(mount_factory, size: str, *options: str, endpoint_url: str | None = None,
+                    fs: str = "tmpfs"):
+    """A mount whose cache directory is a file system of `size` of its own: tmpfs, or
+    ext4 on a loop device (a file system that reports pre-content events)."""
     m = mount_factory("--part-size", "8M", "--cache-size", "1G", *options, start=False,
                       endpoint_url=endpoint_url)
     m.cache_dir.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                    str(m.cache_dir)], check=True)
+    if fs == "ext4":
+        image = m.cache_dir.parent / "cache.img"
+        with open(image, "wb") as f:
+            f.truncate(int(size.rstrip("m")) * MiB)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(m.cache_dir)], check=True)
+        os.chmod(m.cache_dir, 0o700)
+    else:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                        str(m.cache_dir)], check=True)
     try:
         m.start()
         yield m
@@ -36,7 +47,7 @@ def _cache_on_tmpfs(mount_factory, size: str, *options: str, endpoint_url: str |
 @pytest.fixture
 def tiny_cache_mount(mount_factory):
     """A mount whose cache directory is a 48 MiB tmpfs."""
-    with _cache_on_tmpfs(mount_factory, "48m", "--max-dirty", "16M") as m:
+    with _cache_on(mount_factory, "48m", "--max-dirty", "16M") as m:
         yield m
 
 
@@ -101,7 +112,7 @@ def test_writers_filling_the_cache_disk_at_once_all_reach_s3_up_to_their_enospc(
     hand, what each writer was told it wrote is in S3 and a file whose create failed is
     not (defect 4); the mount then takes new files."""
     began = time.monotonic()
-    with _cache_on_tmpfs(mount_factory, "256m", "--max-dirty", "64M") as m:
+    with _cache_on(mount_factory, "256m", "--max-dirty", "64M") as m:
         rng = random.Random(29 + writers)
         blocks = {f"w{k}.bin": rng.randbytes(MiB) for k in range(writers)}
         written = dict.fromkeys(blocks, 0)
@@ -162,7 +173,7 @@ def test_bytes_of_writes_that_failed_never_reach_s3_even_after_a_crash(mount_fac
     committed them after a crash: objects came back larger than what was acknowledged.
     Four writers fill the disk, the daemon is killed with their files open, and each
     object ends up exactly as long as what its writer was told it wrote."""
-    with _cache_on_tmpfs(mount_factory, "256m", "--max-dirty", "64M") as m:
+    with _cache_on(mount_factory, "256m", "--max-dirty", "64M") as m:
         blocks = {f"w{k}.bin": random.randbytes(MiB) for k in range(4)}
         written = dict.fromkeys(blocks, 0)
         fds = {name: os.open(m.path / name, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -196,7 +207,7 @@ def test_files_whose_create_failed_on_a_full_cache_disk_never_reach_s3(
     0-byte objects. With the cache disk full and S3 unreachable (nothing can drain),
     creates fail; after a crash and a remount with S3 back, S3 holds what was
     acknowledged and nothing else: no empty objects, nothing past the last write."""
-    with _cache_on_tmpfs(mount_factory, "64m", "--max-dirty", "256M",
+    with _cache_on(mount_factory, "64m", "--max-dirty", "256M",
                          endpoint_url=fault_proxy.endpoint_url) as m:
         (m.path / "d").mkdir()
         assert m.flush().returncode == 0
@@ -221,3 +232,39 @@ def test_files_whose_create_failed_on_a_full_cache_disk_never_reach_s3(
         assert sorted((o.key, o.size) for o in s3.list_recursive("d/")) == [
             ("d/", 0), ("d/big.bin", written)]
         assert s3.get_range("d/big.bin", 0, written) == (block * (written // MiB + 1))[:written]
+
+
+@pytest.mark.parametrize("fs", ["ext4", "tmpfs"])
+def test_a_passthrough_writer_finds_room_evicted_on_a_disk_full_of_clean_chunks(
+        mount_factory, s3, fs):
+    """Clean chunks (uploaded files) fill the cache disk; a new file written through
+    passthrough (the kernel writes into the cache file, the daemon sees nothing) must
+    find room evicted for it, as a write through the daemon does, not ENOSPC. Where the
+    file system cannot hold the kernel's writes (tmpfs: no pre-content events), the
+    writer takes the daemon path on a disk that short of room."""
+    with _cache_on(mount_factory, "48m", "--max-dirty", "16M", fs=fs) as m:
+        old = {f"old{i}.bin": random.randbytes(8 * MiB) for i in range(5)}
+        try:
+            for name, data in old.items():
+                (m.path / name).write_bytes(data)
+        except OSError as exc:
+            pytest.fail(f"{exc}\n{m.log_tail(20)}")
+        assert m.flush().returncode == 0
+        # each file of one part went up once, as one PutObject
+        assert m.status()["counters"]["bytes_uploaded"] == 40 * MiB, str(m.status()["counters"])
+        for name, data in old.items():  # read back: every chunk cached, and clean
+            assert (m.path / name).read_bytes() == data
+        free = os.statvfs(m.cache_dir)
+        assert free.f_bavail * free.f_frsize < 16 * MiB, "the clean chunks fill the disk"
+        new = random.randbytes(28 * MiB)
+        try:
+            with open(m.path / "new.bin", "wb") as f:
+                for off in range(0, len(new), MiB):
+                    f.write(new[off:off + MiB])
+        except OSError as exc:
+            pytest.fail(f"{exc}\n{m.log_tail(20)}")
+        assert m.flush().returncode == 0, m.log_tail()
+        assert s3.get_range("new.bin", 0, len(new) + 1) == new
+        counters = m.status()["counters"]
+        if fs == "ext4":  # the kernel wrote it, and waited while clean chunks were evicted
+            assert counters["passthrough_opens"] > 0 and counters["cache_evictions"] > 0
