@@ -178,6 +178,9 @@ class CachedFile:
     unlinked: bool = False
     _locks: tuple[trio.Lock, trio.Lock] | None = field(default=None, repr=False)
     page_cache_etag: str | None = None  # version the kernel's page cache holds
+    # the table of part CRCs of an object its next commit replaces at its key (a rename
+    # put it over a file whose object named one): removed once that commit lands
+    replaced_table: str | None = None
     # the parts' own state of the file, each written by its owner only
     pt: PassthroughState = field(default_factory=PassthroughState)
     io: Descriptors = field(default_factory=Descriptors)

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +63,10 @@ class KeyGate(Protocol):
     def busy(self, key: str, upto: trio.Event | None = None) -> bool: ...
 
     async def wait_clear(self, key: str, upto: trio.Event | None = None) -> None: ...
+
+    async def retire_tables(self, tables: Sequence[tuple[str, str]]) -> None:
+        """Journal the removal of tables of part CRCs (table, key) that the objects a
+        commit replaced at `key` named."""
 
 
 class Flusher:
@@ -339,6 +343,7 @@ class Flusher:
             cf.take_upload(completed=True)
             placed = key
             committed = [i for i in range(nchunks)]
+        await self._retire_replaced_tables(cf, placed, meta)
         for i in committed:
             self.cache.book.chunk_committed(cf, i)
         self.uploads.uploaded_to_dirty(cf)  # parts of an upload that no longer exists
@@ -371,6 +376,19 @@ class Flusher:
         else:  # the move to its key may go now: the file's base is the object it moves
             cf.release_move()
         log.debug("committed %s (%d bytes) in %.2f s", cf.key, size, time.monotonic() - started)
+
+    async def _retire_replaced_tables(self, cf: CachedFile, placed: str,
+                                      meta: dict[str, str]) -> None:
+        """The object just placed at `placed` replaced one whose table of part CRCs the
+        mount knows (the file's base there, or a file a rename put this one over): that
+        table goes (namelog TABLE; a crash before this leaves it to `sweep-tables`)."""
+        replaced = {cf.replaced_table}
+        if cf.base.key == placed and cf.base.meta is not None:
+            replaced.add(cf.base.meta.get(META_PARTS))
+        cf.replaced_table = None
+        tables = [(t, placed) for t in replaced if t is not None and t != meta.get(META_PARTS)]
+        if tables and self.gate is not None:
+            await self.gate.retire_tables(tables)
 
     async def _base_vanished(self, cf: CachedFile) -> bool:
         """The object holding the unchanged bytes is gone: deleted (an unlink that crashed

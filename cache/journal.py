@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import sqlite_utils
@@ -169,11 +170,21 @@ class Journal:
         """Record a namespace change, with the change of `files` rows that goes with it
         (an unlink drops the row, a rename rekeys it, a directory's rename every row
         below it) in the same transaction; its seq."""
+        return self.add_name_ops([(op, key, dst, arg)], drop_fid=drop_fid, rekey=rekey,
+                                 rekey_prefix=rekey_prefix)[0]
+
+    def add_name_ops(self, ops: Sequence[tuple[str, str, str | None, str | None]], *,
+                     drop_fid: int | None = None,
+                     rekey: tuple[int, str, str | None] | None = None,
+                     rekey_prefix: tuple[str, str] | None = None) -> list[int]:
+        """`add_name_op` of changes (op, key, dst, arg) made together, in this order and
+        one transaction (an unlink's DELETE and the removal of its object's table); their
+        seqs."""
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            seq = self._conn.execute(
-                "INSERT INTO name_ops(op, key, dst, arg) VALUES (?, ?, ?, ?)",
-                (op, key, dst, arg)).lastrowid
+            seqs = [self._conn.execute(
+                "INSERT INTO name_ops(op, key, dst, arg) VALUES (?, ?, ?, ?)", row).lastrowid
+                for row in ops]
             if drop_fid is not None:
                 self._conn.execute("DELETE FROM chunks WHERE fid=?", (drop_fid,))
                 self._conn.execute("DELETE FROM files WHERE fid=?", (drop_fid,))
@@ -183,8 +194,7 @@ class Journal:
                                    (new_key, base_key, fid))
             if rekey_prefix is not None:
                 self._move_prefix("key", *rekey_prefix)
-        assert seq is not None
-        return seq
+        return [seq for seq in seqs if seq is not None]
 
     def name_ops(self) -> list[NameOpRow]:
         rows = self._conn.execute("SELECT seq, op, key, dst, arg, step FROM name_ops"

@@ -1,5 +1,6 @@
 """`lakefs-mount` command line: the click group, its error format, and the commands it holds
-(each in a module of its own: mount, flush_warmup, unmount, orphans, status, publish).
+(each in a module of its own: mount, flush_warmup, unmount, orphans, status, publish,
+sweep).
 
 Every expected failure ends as one line `lakefs-mount: <message>` on stderr and a non-zero
 exit status (2: bad arguments or unusable mount point / cache directory; 1: the operation
@@ -28,6 +29,7 @@ from lakefs_mount.cli.mount import mount
 from lakefs_mount.cli.orphans import orphans
 from lakefs_mount.cli.publish import COMMANDS as PUBLISH_COMMANDS
 from lakefs_mount.cli.status import status
+from lakefs_mount.cli.sweep import sweep_tables
 from lakefs_mount.cli.unmount import unmount
 from lakefs_mount.ops.controlclient import ControlError
 from lakefs_mount.ops.mountpoint import MountpointError
@@ -102,7 +104,7 @@ def cli() -> None:
 
 # A new command: define it with @click.command() in a module of cli/, import it above and
 # add it here.
-for _command in (mount, flush, warmup, unmount, orphans, status,
+for _command in (mount, flush, warmup, unmount, orphans, status, sweep_tables,
                  *PUBLISH_COMMANDS):  # commit, verify (cli/publish.py)
     cli.add_command(_command)
 

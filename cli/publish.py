@@ -15,10 +15,11 @@ from typing import Any
 
 import click
 
+from lakefs_mount.cli.directs3 import direct_store, s3_options
 from lakefs_mount.cli.errors import PROG, CliError
-from lakefs_mount.cli.params import ENDPOINT, MOUNT_POINT, abs_path, relative_in_mount
+from lakefs_mount.cli.params import MOUNT_POINT, abs_path, relative_in_mount
 from lakefs_mount.cli.progress import ProgressPrinter, count
-from lakefs_mount.config import human_bytes, parse_source
+from lakefs_mount.config import human_bytes
 from lakefs_mount.ops import controlclient
 from lakefs_mount.ops.controlclient import NO_ANSWER, ControlError, ControlTimeout
 
@@ -92,10 +93,7 @@ def commit(mountpoint: Path, path: str, expect_files: int | None, expect: tuple[
 @click.command(epilog=VERIFY_EPILOG)
 @click.argument("target", metavar="MOUNTPOINT|s3://BUCKET/PREFIX")
 @click.argument("path", required=False)
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", metavar="URL", type=ENDPOINT,
-              help="S3 endpoint, for s3://... (env AWS_ENDPOINT_URL).")
-@click.option("--region", help="S3 region, for s3://....")
-@click.option("--profile", help="AWS profile for credentials, for s3://....")
+@s3_options(", for s3://...")
 @click.option("--parallel", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Ranged GETs under way at once, for s3://....")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON on stdout.")
@@ -133,18 +131,9 @@ def _verify_s3(ctx: click.Context, source: str, endpoint_url: str | None,
                region: str | None, profile: str | None, parallel: int) -> dict[str, Any]:
     import trio
 
-    from lakefs_mount.metrics import Metrics
     from lakefs_mount.publish.verify import verify_checkpoint
-    from lakefs_mount.s3.aiostore import AsyncStore
-    from lakefs_mount.s3.store import S3ObjectStore
 
-    try:
-        bucket, prefix = parse_source(source)
-    except ValueError as exc:
-        raise click.UsageError(str(exc), ctx) from None
-    store = S3ObjectStore(bucket, endpoint_url=endpoint_url, region=region, profile=profile,
-                          max_pool=parallel + 4, max_attempts=1)  # AsyncStore retries
-    aio = AsyncStore(store, Metrics(), max_threads=parallel + 2)
+    aio, prefix = direct_store(ctx, source, endpoint_url, region, profile, parallel)
     return trio.run(verify_checkpoint, aio, prefix, parallel).to_json()
 
 

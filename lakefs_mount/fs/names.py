@@ -19,7 +19,7 @@ from lakefs_mount.fs.errors import FSError, s3_errors
 from lakefs_mount.fs.inodes import RENAME_NOREPLACE, Attr, Inodes
 from lakefs_mount.namespace.inode import ROOT_INO, Inode, Kind, kind_of
 from lakefs_mount.namespace.namelog import DELETE, RMDIR
-from lakefs_mount.s3.layout import SPECIAL_TYPES
+from lakefs_mount.s3.layout import META_PARTS, SPECIAL_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +152,31 @@ class Names:
 
     async def _record_deletes(self, cf: CachedFile, keys: dict[str, str | None],
                               after: trio.Lock | trio.Event | None) -> None:
-        """Journal the DELETEs; the last one's transaction also drops the file's row, so
-        a crash between them leaves the file (the unlink had not returned), never a key
+        """Journal the DELETEs; the last one's transaction also drops the file's row and
+        records the removal of the tables of part CRCs the deleted objects name, so a
+        crash between them leaves the file (the unlink had not returned), never a key
         that no DELETE names."""
+        tables = self._tables_of(cf, keys)
         for i, (key, arg) in enumerate(keys.items()):
             last = i == len(keys) - 1
             await self.names.record(DELETE, key, arg=arg, after=after,
-                                    drop_fid=cf.fid if cf.in_journal and last else None)
+                                    drop_fid=cf.fid if cf.in_journal and last else None,
+                                    tables=tables if last else ())
+
+    def _tables_of(self, cf: CachedFile, keys: dict[str, str | None]) -> list[tuple[str, str]]:
+        """(table, key): the tables of part CRCs that the objects of `cf` at these keys
+        name, as far as the mount knows: its committed object's (whose metadata a lookup
+        or its commit told), and that of a commit whose outcome is not known (its
+        upload's). Where it does not know, `sweep-tables` finds them."""
+        tables: list[tuple[str, str]] = []
+        obj = self.names.object_key(cf.key, cf.base.key)
+        table = None if cf.base.meta is None else cf.base.meta.get(META_PARTS)
+        if obj in keys and table is not None:
+            tables.append((table, obj))
+        if keys.get(cf.key) is not None and cf.upload.table not in (None, table):
+            assert cf.upload.table is not None
+            tables.append((cf.upload.table, cf.key))
+        return tables
 
     async def _unlink_behind_commit(self, cf: CachedFile) -> None:
         """A commit of the file is under way, and S3 may keep it for long: the unlink
@@ -258,13 +276,15 @@ class Names:
         if target is not None:
             if flags & RENAME_NOREPLACE:
                 raise FSError(errno.EEXIST)
-            await self._drop_rename_target(inode, target)
+            replaced = await self._drop_rename_target(inode, target)
+        else:
+            replaced = None
         moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
         old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
         if inode.is_dir:
             await self.renames.move_dir(inode, dst_parent, name_new)
         else:
-            await self.renames.move_file(inode, dst_parent, name_new)
+            await self.renames.move_file(inode, dst_parent, name_new, replaced)
         for key in old_keys + [self.ns.key_of(d) for d in (dst_parent, *moved_dirs)]:
             self.ns.index_changed(key)
         now = time.time_ns()
@@ -279,22 +299,26 @@ class Names:
                 return False
             node = self.ns.get(node.parent)
 
-    async def _drop_rename_target(self, inode: Inode, target: Inode) -> None:
-        """Rename onto an existing name: the source's commit overwrites the target object."""
+    async def _drop_rename_target(self, inode: Inode, target: Inode) -> str | None:
+        """Rename onto an existing name: the source's commit overwrites the target object.
+        The table of part CRCs the target's object names, if the mount knows it: it goes
+        once the source's object replaced it."""
         if target.is_dir:
             if not inode.is_dir:
                 raise FSError(errno.EISDIR)
             await self._remove_empty_dir(target)
-            return
+            return None
         if inode.is_dir:
             raise FSError(errno.ENOTDIR)
         cf = target.file
         assert cf is not None
+        table = None if cf.base.meta is None else cf.base.meta.get(META_PARTS)
         async with cf.commit_lock:
             await self.cache.discard(cf)
         if cf.openers == 0:
             self.cache.close_file(cf)
         self.ns.detach(target)
+        return table
 
     async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
         raise FSError(errno.EPERM, "hard links are not supported")

@@ -38,12 +38,16 @@ class Renames:
         self.flusher = flusher
         self.names = names
 
-    async def move_file(self, inode: Inode, dst_parent: Inode, name: str) -> None:
+    async def move_file(self, inode: Inode, dst_parent: Inode, name: str,
+                        replaced_table: str | None = None) -> None:
         """The new name in the journal, with the move of the committed object if there is
-        one; what is not yet in S3 commits to the new name."""
+        one; what is not yet in S3 commits to the new name. `replaced_table`: the table of
+        part CRCs of the object at the new name that this one replaces, removed once the
+        move (or the commit) has replaced it."""
         cf = inode.file
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
+        tables = [] if replaced_table is None else [(replaced_table, new_key)]
         async with cf.commit_lock:
             rekey = (cf.fid, new_key, cf.base.key) if cf.in_journal and cf.fid else None
             if self._mostly_streamed(cf):
@@ -53,13 +57,15 @@ class Renames:
                 # (recovery aborts the upload).
                 moves = trio.Event()
                 await self.names.record(MOVE, cf.key, new_key, KEPT_UPLOAD, rekey=rekey,
-                                        after=moves)
+                                        after=moves, tables=tables)
                 cf.upload.moves = moves
             else:
                 await self.flusher.uploads.abandon(cf)
                 obj = self.names.object_key(cf.key, cf.base.key)
                 if obj is not None:
-                    await self.names.record(MOVE, obj, new_key, rekey=rekey)
+                    await self.names.record(MOVE, obj, new_key, rekey=rekey, tables=tables)
+                elif replaced_table is not None:  # its commit replaces the object there
+                    cf.replaced_table = replaced_table
                 tag = cf.late_commit_tag()  # a commit to the old name may land there
                 if tag is not None and obj != cf.key:
                     await self.names.record(DELETE, cf.key, arg=tag)

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -32,7 +32,7 @@ from lakefs_mount.concurrency import each_bounded
 from lakefs_mount.namespace.dirattrs import DirAttrs, DirStat
 from lakefs_mount.namespace.latewrites import LateWrites
 from lakefs_mount.s3.aiostore import AsyncStore
-from lakefs_mount.s3.layout import encode_attrs
+from lakefs_mount.s3.layout import META_PARTS, encode_attrs
 from lakefs_mount.s3.objectstore import NoSuchKey, ObjectInfo, ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ MOVE = "move"  # CopyObject key -> dst, then DELETE key
 # finding nothing at `key` is expected (the upload left the file uncompleted, or a crash
 # came first and its bytes went again to `dst`)
 KEPT_UPLOAD = "kept-upload"
+# DELETE the table of part CRCs `key` (s3/parttable) that the object at `dst` named, once
+# the changes recorded before it that touch `dst` (an unlink's DELETE, a rename's move onto
+# it) are in S3; kept if the object at `dst` still names it (a replay after a crash that
+# came before the object was replaced, an object copied back). Never holds up a commit.
+TABLE = "table"
 # (the arg of a DELETE recorded while the file's commit was under way is that file's fid:
 # that commit's request may still land after the DELETE, which latewrites watches for)
 QUICK_ATTEMPTS = 3  # per S3 call; the op itself is retried for ever, with backoff
@@ -85,6 +90,8 @@ class NameOp:
 
     def describe(self) -> str:
         row = self.row
+        if row.op == TABLE:
+            return f"{TABLE} {row.key} (of {row.dst})"
         return f"{row.op} {row.key}" + (f" -> {row.dst}" if row.dst is not None else "")
 
 
@@ -134,16 +141,31 @@ class NameLog:
                      *, drop_fid: int | None = None,
                      rekey: tuple[int, str, str | None] | None = None,
                      rekey_prefix: tuple[str, str] | None = None,
-                     after: trio.Lock | trio.Event | None = None) -> None:
+                     after: trio.Lock | trio.Event | None = None,
+                     tables: Sequence[tuple[str, str]] = ()) -> None:
         """Journal one change (with the `files` rows change that goes with it); from here
         on it reaches S3 whatever happens to the daemon. `after`: a commit's lock, or an
-        event, which the change waits for (after a crash nothing is under way)."""
-        add = functools.partial(self.journal.sync.add_name_op, op, key, dst, arg,
-                                drop_fid=drop_fid, rekey=rekey, rekey_prefix=rekey_prefix)
-        seq = await self.journal(add)
-        self._add(NameOp(NameOpRow(seq, op, key, dst, arg), after=after))
+        event, which the change waits for (after a crash nothing is under way).
+        `tables`: (table, key) of tables of part CRCs that the objects this change
+        replaces or removes at `key` named; deleted once it is in S3 (TABLE, recorded
+        in the same transaction)."""
+        rows = [(op, key, dst, arg), *((TABLE, table, at, None) for table, at in tables)]
+        add = functools.partial(self.journal.sync.add_name_ops, rows, drop_fid=drop_fid,
+                                rekey=rekey, rekey_prefix=rekey_prefix)
+        seqs = await self.journal(add)
+        for seq, row in zip(seqs, rows, strict=True):
+            self._add(NameOp(NameOpRow(seq, *row), after=after if row is rows[0] else None))
         if self.on_record is not None:
             self.on_record(op, key, dst)
+
+    async def retire_tables(self, tables: Sequence[tuple[str, str]]) -> None:
+        """Delete these tables of part CRCs (table, key): a change already in S3 (a commit
+        over the object at `key`) replaced the object that named each."""
+        if tables:
+            rows = [(TABLE, table, at, None) for table, at in tables]
+            seqs = await self.journal(self.journal.sync.add_name_ops, rows)
+            for seq, row in zip(seqs, rows, strict=True):
+                self._add(NameOp(NameOpRow(seq, *row)))
 
     def _add(self, op: NameOp) -> None:
         self.ops.append(op)
@@ -239,7 +261,7 @@ class NameLog:
         for op in self.ops:
             if upto is not None and op.after is upto:
                 return False
-            if any(overlap(key, k) for k in op.keys):
+            if op.row.op != TABLE and any(overlap(key, k) for k in op.keys):
                 return True
         return False
 
@@ -298,7 +320,8 @@ class NameLog:
                 for k in op.keys)
             if not blocked and not op.running:
                 ready.append(op)
-            earlier.update(op.keys)
+            earlier.update(op.keys if op.row.op != TABLE else (op.row.key,))  # (nothing
+            # waits for a table's removal)
         return ready
 
     async def _apply_task(self, op: NameOp, limiter: trio.CapacityLimiter) -> None:
@@ -405,6 +428,8 @@ class NameLog:
         elif row.op == DELETE:
             self.metrics[m.DELETES] += 1
             await self._s3(f"DELETE {row.key}", sync.delete, row.key)
+        elif row.op == TABLE:
+            await self._delete_table(row)
         elif row.op == MOVE and row.key.endswith("/"):
             await self._move_dir(row)
         elif row.op == MOVE:
@@ -431,6 +456,16 @@ class NameLog:
         else:
             log.error("unknown namespace change %r in the journal: skipped", row.op)
         log.debug("%s applied in %.3f s", op.describe(), time.monotonic() - started)
+
+
+    async def _delete_table(self, row: NameOpRow) -> None:
+        assert row.dst is not None
+        info = await self._s3(f"HEAD {row.dst}", self.store.sync.head, row.dst)
+        if isinstance(info, ObjectInfo) and info.metadata.get(META_PARTS) == row.key:
+            log.info("the table of part CRCs %s is kept: %s still names it", row.key, row.dst)
+            return
+        self.metrics[m.DELETES] += 1
+        await self._s3(f"DELETE {row.key}", self.store.sync.delete, row.key)
 
 
 def _folders(prefix: str, keys: list[str]) -> list[list[str]]:

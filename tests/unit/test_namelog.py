@@ -12,8 +12,9 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.journal import Journal
-from lakefs_mount.namespace.namelog import DELETE, DIR, MOVE, RMDIR, NameLog, overlap
+from lakefs_mount.namespace.namelog import DELETE, DIR, MOVE, RMDIR, TABLE, NameLog, overlap
 from lakefs_mount.s3.aiostore import AsyncStore
+from lakefs_mount.s3.layout import META_PARTS
 from tests.memstore import MemoryObjectStore
 
 ATTRS = json.dumps({"mode": 0o40755, "uid": 0, "gid": 0, "mtime_ns": 1, "replace": False})
@@ -52,6 +53,30 @@ def test_changes_of_one_key_apply_in_order_and_the_log_drains(tmp_path):
         assert set(store.objects) == set()
         assert rebased == [("f", "g", ["g"])]
         assert names.status() == {"name_changes_pending": 0, "name_changes_error": None}
+
+    trio.run(body)
+
+
+def test_a_table_goes_after_its_object_and_stays_while_an_object_still_names_it(tmp_path):
+    """An unlink's DELETE comes first, then its object's table; a table whose object is
+    still there naming it (a replay of a replacement that never landed) is kept; the
+    removal of a table holds up no commit."""
+    store = MemoryObjectStore()
+    for name in ("gone", "kept"):
+        store.put(name, b"object", {META_PARTS: f"parts/{name}"})
+        store.put(f"parts/{name}", b"table", {})
+
+    async def body() -> None:
+        names, _ = make_log(tmp_path, store)
+        await names.record(DELETE, "gone", tables=[("parts/gone", "gone")])
+        await names.retire_tables([("parts/kept", "kept")])
+        assert not names.busy("kept")  # (a commit of it never waits for the table)
+        assert [op.row.op for op in names._ready()] == [DELETE, TABLE]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(names.run)
+            await names.drain()
+            nursery.cancel_scope.cancel()
+        assert set(store.objects) == {"kept", "parts/kept"}
 
     trio.run(body)
 
