@@ -178,8 +178,11 @@ class CachedFile:
     unlinked: bool = False
     _locks: tuple[trio.Lock, trio.Lock] | None = field(default=None, repr=False)
     page_cache_etag: str | None = None  # version the kernel's page cache holds
-    # the table of part CRCs of an object its next commit replaces at its key (a rename
-    # put it over a file whose object named one): removed once that commit lands
+    # the key of an object its next commit is to replace (a rename put it, not yet in
+    # S3, over a committed file), and that object's table of part CRCs if it named one:
+    # the table goes once that commit lands; the object, if the file leaves the key
+    # first (unlinked, renamed away), or it would show again there
+    replaces: str | None = None
     replaced_table: str | None = None
     # the parts' own state of the file, each written by its owner only
     pt: PassthroughState = field(default_factory=PassthroughState)

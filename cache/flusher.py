@@ -382,10 +382,12 @@ class Flusher:
         """The object just placed at `placed` replaced one whose table of part CRCs the
         mount knows (the file's base there, or a file a rename put this one over): that
         table goes (namelog TABLE; a crash before this leaves it to `sweep-tables`)."""
-        replaced = {cf.replaced_table}
+        replaced: set[str | None] = set()
+        if cf.replaces == placed:  # (the object a rename put this file over is replaced)
+            replaced.add(cf.replaced_table)
+            cf.replaces = cf.replaced_table = None
         if cf.base.key == placed and cf.base.meta is not None:
             replaced.add(cf.base.meta.get(META_PARTS))
-        cf.replaced_table = None
         tables = [(t, placed) for t in replaced if t is not None and t != meta.get(META_PARTS)]
         if tables and self.gate is not None:
             await self.gate.retire_tables(tables)

@@ -148,6 +148,8 @@ class Names:
         obj = self.names.object_key(cf.key, cf.base.key)
         if obj is not None:
             keys.setdefault(obj, None)
+        if cf.replaces is not None:  # (what its commit was to replace there)
+            keys.setdefault(cf.replaces, None)
         return keys
 
     async def _record_deletes(self, cf: CachedFile, keys: dict[str, str | None],
@@ -176,6 +178,8 @@ class Names:
         if keys.get(cf.key) is not None and cf.upload.table not in (None, table):
             assert cf.upload.table is not None
             tables.append((cf.upload.table, cf.key))
+        if cf.replaces in keys and cf.replaced_table is not None:
+            tables.append((cf.replaced_table, cf.replaces))
         return tables
 
     async def _unlink_behind_commit(self, cf: CachedFile) -> None:
@@ -273,12 +277,11 @@ class Names:
         target = await self.inodes.child(dst_parent, name_new)
         if target is inode:
             return
+        replaced: tuple[str, str | None] | None = None
         if target is not None:
             if flags & RENAME_NOREPLACE:
                 raise FSError(errno.EEXIST)
             replaced = await self._drop_rename_target(inode, target)
-        else:
-            replaced = None
         moved_dirs = [d for d in [inode, *self.ns.descendants(inode)] if d.is_dir]
         old_keys = [self.ns.key_of(d) for d in (src_parent, *moved_dirs)]
         if inode.is_dir:
@@ -299,10 +302,12 @@ class Names:
                 return False
             node = self.ns.get(node.parent)
 
-    async def _drop_rename_target(self, inode: Inode, target: Inode) -> str | None:
-        """Rename onto an existing name: the source's commit overwrites the target object.
-        The table of part CRCs the target's object names, if the mount knows it: it goes
-        once the source's object replaced it."""
+    async def _drop_rename_target(self, inode: Inode,
+                                  target: Inode) -> tuple[str, str | None] | None:
+        """Rename onto an existing name: the source's move or commit overwrites the
+        target's object. Returns, where S3 may hold one there, its key and the table of
+        part CRCs it names if the mount knows it (both go once the source's object
+        replaced it, or when the source leaves the name first)."""
         if target.is_dir:
             if not inode.is_dir:
                 raise FSError(errno.EISDIR)
@@ -313,12 +318,14 @@ class Names:
         cf = target.file
         assert cf is not None
         table = None if cf.base.meta is None else cf.base.meta.get(META_PARTS)
+        key = self.ns.key_of(target)
+        holds_object = bool(self._objects_of(cf))
         async with cf.commit_lock:
             await self.cache.discard(cf)
         if cf.openers == 0:
             self.cache.close_file(cf)
         self.ns.detach(target)
-        return table
+        return (key, table) if holds_object else None
 
     async def link(self, ino: int, parent_ino: int, name: str) -> Attr:
         raise FSError(errno.EPERM, "hard links are not supported")

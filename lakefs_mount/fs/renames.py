@@ -39,16 +39,18 @@ class Renames:
         self.names = names
 
     async def move_file(self, inode: Inode, dst_parent: Inode, name: str,
-                        replaced_table: str | None = None) -> None:
+                        replaced: tuple[str, str | None] | None = None) -> None:
         """The new name in the journal, with the move of the committed object if there is
-        one; what is not yet in S3 commits to the new name. `replaced_table`: the table of
-        part CRCs of the object at the new name that this one replaces, removed once the
-        move (or the commit) has replaced it."""
+        one; what is not yet in S3 commits to the new name. `replaced`: the key of an
+        object S3 may hold at the new name, which this one replaces, and the table of
+        part CRCs it names (removed once the move, or the commit, has replaced it)."""
         cf = inode.file
         assert cf is not None
         new_key = self.ns.key_of(dst_parent) + name
+        replaced_table = None if replaced is None else replaced[1]
         tables = [] if replaced_table is None else [(replaced_table, new_key)]
         async with cf.commit_lock:
+            await self._leave_replaced(cf)
             rekey = (cf.fid, new_key, cf.base.key) if cf.in_journal and cf.fid else None
             if self._mostly_streamed(cf):
                 # Most of its parts are in S3 already: the upload stays and completes at
@@ -64,14 +66,27 @@ class Renames:
                 obj = self.names.object_key(cf.key, cf.base.key)
                 if obj is not None:
                     await self.names.record(MOVE, obj, new_key, rekey=rekey, tables=tables)
-                elif replaced_table is not None:  # its commit replaces the object there
-                    cf.replaced_table = replaced_table
+                elif replaced is not None:  # its commit replaces the object there
+                    cf.replaces, cf.replaced_table = new_key, replaced_table
                 tag = cf.late_commit_tag()  # a commit to the old name may land there
                 if tag is not None and obj != cf.key:
                     await self.names.record(DELETE, cf.key, arg=tag)
             await self.cache.rekey(cf, new_key, cf.base.key)
         self.ns.move(inode, dst_parent, name)
         self.cache.demand.release(cf)  # a temporary has its final name
+
+    async def _leave_replaced(self, cf: CachedFile) -> None:
+        """A file that was to replace an object at its name with its commit leaves the
+        name first: that object goes (else it showed again there, the file it replaced
+        back), with its table of part CRCs. A kept upload completes there and its move
+        deletes what it put there."""
+        if cf.replaces is None:
+            return
+        key, table = cf.replaces, cf.replaced_table
+        cf.replaces = cf.replaced_table = None
+        if self._mostly_streamed(cf):
+            return
+        await self.names.record(DELETE, key, tables=[] if table is None else [(table, key)])
 
     def _mostly_streamed(self, cf: CachedFile) -> bool:
         """A new file (no object in S3 before) whose upload at its own key holds, or is

@@ -419,3 +419,28 @@ def test_a_listing_sent_before_a_commit_landed_never_brings_the_old_version_back
             assert (attr.size, await _read_file(c, attr.ino)) == (3, b"new")
             assert store.calls["get"] + store.calls["get_range"] == gets  # still cached
     trio.run(body)
+
+
+@pytest.mark.parametrize("then", ["unlink", "rename away"])
+def test_a_file_renamed_over_a_committed_one_and_removed_before_its_commit_leaves_neither(
+        tmp_path, then):
+    """`mv new ckpt` over a committed `ckpt` while `new` is not in S3 yet, then `rm ckpt`
+    (or `mv ckpt elsewhere`) before it commits: the old object must not stay in S3 under
+    `ckpt`, where a remount would show the file that was replaced."""
+    async def body() -> None:
+        async with filesystem(tmp_path) as c:
+            await _write_file(c, ROOT_INO, "ckpt", b"old content")
+            await c.settled()
+            fh, _ = await c.fs.create(ROOT_INO, "new", 0o644, W, UID, GID)
+            await c.fs.write(fh, 0, b"new")  # still open: not committed
+            await c.fs.rename(ROOT_INO, "new", ROOT_INO, "ckpt", 0)
+            if then == "unlink":
+                await c.fs.unlink(ROOT_INO, "ckpt")
+            else:
+                await c.fs.rename(ROOT_INO, "ckpt", ROOT_INO, "elsewhere", 0)
+            await c.fs.release(fh)
+            await c.settled()
+            expected = {} if then == "unlink" else {PREFIX + "elsewhere": b"new"}
+            assert {k: o.body for k, o in c.store.objects.items()
+                    if not k.startswith(PREFIX + ".lakefs-mount")} == expected
+    trio.run(body)

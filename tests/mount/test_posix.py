@@ -567,6 +567,21 @@ def test_rename_of_pending_file_onto_committed_file_replaces_it(work):
     assert work.body("dst") == b"fresh"
 
 
+def test_a_file_renamed_over_a_committed_one_then_removed_before_its_commit_leaves_none(work):
+    """`mv new dst` over a committed `dst` while `new` is still open (not in S3), then
+    `rm dst`: the replaced object must not stay in S3, where the next mount showed it."""
+    (work.path / "dst").write_bytes(b"old content")
+    work.flush()
+    with open(work.path / "new", "wb") as f:
+        f.write(b"fresh")
+        f.flush()
+        os.rename(work.path / "new", work.path / "dst")
+        os.unlink(work.path / "dst")
+    work.flush()
+    assert work.keys() == set()
+    assert not (work.path / "dst").exists()
+
+
 def test_rename_noreplace_onto_existing_name_is_eexist(work):
     (work.path / "a").write_bytes(b"A")
     (work.path / "b").write_bytes(b"B")
