@@ -129,9 +129,10 @@ class Passthrough:
     async def _make_disk_room(self) -> None:
         """Evict clean chunks before the kernel needs their room: it writes into the
         cache files itself, and a full disk fails its write at once (ENOSPC), where the
-        daemon path evicts first. Kept free: a part, and what the writers may add
-        before the next looks (the gate's margin: its marks stay quiet while there is
-        that much); the gate holds them where this cannot keep up."""
+        daemon path evicts first. Kept free: a part, and what the writers added in the
+        last three looks (a quarter of --max-dirty at least); the gate holds them where
+        this cannot keep up. (Not the gate's whole margin, which assumes FAST_PACE before
+        a look: that would evict hundreds of MiB of a warm cache at each writer's open.)"""
         if not self.writing:
             return
         try:
