@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,6 +61,17 @@ def _isolated_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
         yield
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_it_was() -> Iterator[None]:
+    """A test that runs the CLI in this process (CliRunner) may leave SIGINT ignored:
+    `mount` ignores it once its outcome is decided, as the command ends right after. The
+    workers' later children then inherit that through exec, and Python installs no
+    KeyboardInterrupt in them: `status --watch` ran on past its Ctrl-C in CI (stop 56)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def _start(state_dir: Path, access_key: str | None = None,

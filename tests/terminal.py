@@ -16,9 +16,9 @@ READ_SLICE = 0.2  # seconds between checks of the process while nothing is print
 
 
 def _as_a_shell_starts_a_job() -> None:
-    """Ctrl-C's default in the child, as a shell gives its foreground jobs: a test run
-    started with SIGINT ignored (a background job of a script) passes that on through
-    exec, and Python then installs no KeyboardInterrupt at all."""
+    """Ctrl-C's default in the child, as a shell gives its foreground jobs: one ignored
+    in this process (conftest._ctrl_c_as_it_was says how that came about) passes on
+    through exec, and Python then installs no KeyboardInterrupt at all."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
