@@ -340,7 +340,9 @@ class Uploads:
     async def _put_table(self, cf: CachedFile, table_key: str, crcs: list[int | None],
                          size: int) -> None:
         """The table of the parts' CRCs (those copied server-side from the base object
-        taken from its table, where this mount holds it). A table that cannot be written
+        taken from its table, where this mount holds it). Tried as long as S3's failures
+        are transient, as the commit's own requests are (three attempts left a table
+        unwritten in a 503 storm); one S3 refuses for good (a policy that denies the key)
         only leaves the object's parts unchecked when read: the commit goes on."""
         base = self.cache.fetcher.tables.known(
             None if cf.base.meta is None else cf.base.meta.get(META_PARTS))
@@ -352,8 +354,8 @@ class Uploads:
         body = table.encode()
         declared = crc32c_of(body) if self.checksums.send else None
         try:
-            await self.store.call(self.store.sync.put, table_key, body, {}, declared,
-                                  what=f"PUT {table_key}")
+            await self.store.retrying(f"PUT {table_key}", self.store.sync.put, table_key,
+                                      body, {}, declared, transient_only=True)
         except ObjectStoreError as exc:
             log.warning("%s: its table of part CRCs %s was not written (%s): its parts "
                         "will be read without a check", cf.key, table_key, exc)

@@ -93,7 +93,9 @@ def test_writers_that_keep_every_core_busy_leave_their_parts_for_later(mount_fac
             f.write(piece)
             time.sleep(max(0.0, began + (i + 1) * 0.05 - time.monotonic()))
         held = m.counters()
-        assert held.get("parts_uploaded", 0) == 0
+        # (a look in which the other test worker kept the writer below BUSY_WRITER lets
+        # that moment's parts go: CI saw 3; without WritersFirst all but the last go)
+        assert held.get("parts_uploaded", 0) <= len(pieces) // 4, held
         assert held.get("streaming_held", 0) > 0
         assert wait_for(lambda: m.counters().get("parts_uploaded", 0) >= 20, 30)
     flushed(m)
