@@ -83,19 +83,20 @@ def test_parts_go_up_while_the_writer_still_writes_and_only_once(pt, s3):
 def test_writers_that_keep_every_core_busy_leave_their_parts_for_later(mount_factory, s3):
     """Streaming needs CPU, and the writers come first: while the passthrough writers alone
     keep every core busy, no part goes up (here the daemon counts on one core, and one
-    writer at 160 MiB/s keeps it busy); once the writer pauses, the parts go up while the
+    writer at 320 MiB/s keeps it busy); once the writer pauses, the parts go up while the
     file is still open."""
     m = mount_factory("--part-size", "8M", "--commit-delay", "0", "--test-hook", "cores=1")
     pieces = [random.randbytes(8 * MiB) for _ in range(24)]
     with open(m.path / "busy.bin", "wb", buffering=0) as f:
         began = time.monotonic()
-        for i, piece in enumerate(pieces):  # 8 MiB every 50 ms
+        for i, piece in enumerate(pieces):  # 8 MiB every 25 ms: 5 x BUSY_WRITER
             f.write(piece)
-            time.sleep(max(0.0, began + (i + 1) * 0.05 - time.monotonic()))
+            time.sleep(max(0.0, began + (i + 1) * 0.025 - time.monotonic()))
         held = m.counters()
         # (a look in which the other test worker kept the writer below BUSY_WRITER lets
-        # that moment's parts go: CI saw 3; without WritersFirst all but the last go)
-        assert held.get("parts_uploaded", 0) <= len(pieces) // 4, held
+        # that moment's parts go: CI-like runs at 160 MiB/s saw 3 and 9 of 24; without
+        # WritersFirst all but the last go)
+        assert held.get("parts_uploaded", 0) <= len(pieces) // 2, held
         assert held.get("streaming_held", 0) > 0
         assert wait_for(lambda: m.counters().get("parts_uploaded", 0) >= 20, 30)
     flushed(m)
