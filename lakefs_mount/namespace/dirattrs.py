@@ -6,11 +6,13 @@ filer turns such a key into a folder), so a mount asks once per cache directory 
 answer kept in the journal) and, where markers lose it, also writes a sidecar key that holds
 the attributes in its name:
 
-    .lakefs-mount/dirs/<parent key>.lakefs-mount/<name>/<mode>.<uid>.<gid>.<mtime_ns>
+    <prefix>.lakefs-mount/dirs/<parent path>.lakefs-mount/<name>/<mode>.<uid>.<gid>.<mtime_ns>
 
-at the bucket root, whatever the mount's prefix, so mounts of different prefixes agree. One
-listing of a parent's sidecar folder gives the attributes of all its subdirectories (no
-HEAD, no GET per directory). No directory can be named `.lakefs-mount`, so no sidecar key is
+under the mount's prefix, as every other key of the mount's own: a bucket policy scoped to
+the prefix covers them. (Earlier versions wrote them at the bucket root, named by the whole
+key; a mount moves those of its prefix once: `move_root_sidecars`.) One listing of a
+parent's sidecar folder gives the attributes of all its subdirectories (no HEAD, no GET
+per directory). No directory can be named `.lakefs-mount`, so no sidecar key is
 ever also a folder (SeaweedFS refuses that). Where a name holds several sidecar keys (a
 crash between writing the new one and deleting the old, or two nodes), the newest wins, and
 of equally new ones the one that grants the fewest permissions.
@@ -37,6 +39,7 @@ SIDECAR_ROOT = RESERVED_NAME + "/dirs/"
 CHILDREN = RESERVED_NAME + "/"  # after a directory's key: the folder of its children's keys
 PROBE_META = "lakefs-mount-probe"
 JOURNAL_META = "dir_markers_keep_metadata"  # "1" or "0", the probe's answer
+MOVED_META = "dir_sidecars_under_prefix"  # "1" once the bucket root's were moved (or none)
 # The longest sidecar key beyond its directory's own key: the two folders, a "/" and the
 # longest name of a mode, uid, gid and mtime.
 SIDECAR_OVERHEAD = len(SIDECAR_ROOT) + len(CHILDREN) + 1 + len("65535.4294967295.4294967295.") + 20
@@ -70,10 +73,14 @@ def _split(dir_key: str) -> tuple[str, str]:
     return head + "/" if head else "", name
 
 
-def entry_folder(dir_key: str) -> str:
-    """Where the sidecar key of the directory `dir_key` ('a/b/') lives."""
+def entry_folder(dir_key: str, prefix: str = "") -> str:
+    """Where the sidecar key of the directory `dir_key` ('p/a/b/', under `prefix` 'p/') lives."""
     parent, name = _split(dir_key)
-    return SIDECAR_ROOT + parent + CHILDREN + name + "/"
+    return sidecar_root(prefix) + parent[len(prefix):] + CHILDREN + name + "/"
+
+
+def sidecar_root(prefix: str) -> str:
+    return prefix + SIDECAR_ROOT
 
 
 def sidecar_fits(dir_key: str) -> bool:
@@ -90,9 +97,12 @@ class DirAttrs:
     """Reads and writes directory attributes; `keeps_marker_metadata` is the probe's answer
     (None: unknown, so both places are read and the sidecar is written)."""
 
-    def __init__(self, store: AsyncStore, keeps_marker_metadata: bool | None) -> None:
+    def __init__(self, store: AsyncStore, keeps_marker_metadata: bool | None,
+                 prefix: str = "") -> None:
         self.store = store
         self.keeps_marker_metadata = keeps_marker_metadata
+        self.prefix = prefix
+        self.root = sidecar_root(prefix)
 
     @property
     def sidecars(self) -> bool:
@@ -117,7 +127,7 @@ class DirAttrs:
         return {name: found[name] for name in names if name in found}
 
     async def _load_sidecars(self, parent_key: str) -> dict[str, DirStat]:
-        folder = SIDECAR_ROOT + parent_key + CHILDREN
+        folder = self.root + parent_key[len(self.prefix):] + CHILDREN
         candidates: dict[str, list[tuple[ObjectInfo, DirStat]]] = {}
         for obj in await self.store.list_recursive(folder):
             name, sep, leaf = obj.key[len(folder):].partition("/")
@@ -150,7 +160,7 @@ class DirAttrs:
         it replaces (a new directory has none)."""
         if not self.sidecars:
             return
-        folder = entry_folder(dir_key)
+        folder = entry_folder(dir_key, self.prefix)
         await self.store.call(self.store.sync.put, folder + attrs.leaf(), b"", {})
         if replace:
             await self._delete_keys([o.key for o in await self.store.list_recursive(folder)
@@ -162,8 +172,8 @@ class DirAttrs:
         if not self.sidecars:
             return
         try:
-            await self._delete_keys(
-                [o.key for o in await self.store.list_recursive(entry_folder(dir_key))])
+            folder = entry_folder(dir_key, self.prefix)
+            await self._delete_keys([o.key for o in await self.store.list_recursive(folder)])
         except ObjectStoreError as exc:
             log.warning("attributes of removed directory %s left in S3: %s", dir_key, exc)
 
@@ -174,12 +184,13 @@ class DirAttrs:
         old go once the rename is done, the new if it fails."""
         if not self.sidecars:
             return [], []
-        below = await self.store.list_recursive(SIDECAR_ROOT + old_key)
-        own = await self.store.list_recursive(entry_folder(old_key))
-        new_keys = [entry_folder(new_key) + attrs.leaf()]
+        old_below, new_below = (self.root + key[len(self.prefix):] for key in (old_key, new_key))
+        below = await self.store.list_recursive(old_below)
+        own = await self.store.list_recursive(entry_folder(old_key, self.prefix))
+        new_keys = [entry_folder(new_key, self.prefix) + attrs.leaf()]
         await self.store.call(self.store.sync.put, new_keys[0], b"", {})
         for obj in below:
-            moved = SIDECAR_ROOT + new_key + obj.key[len(SIDECAR_ROOT + old_key):]
+            moved = new_below + obj.key[len(old_below):]
             await self.store.copy(obj.key, moved, None)
             new_keys.append(moved)
         return [o.key for o in own + below if o.key not in new_keys], new_keys
@@ -205,16 +216,44 @@ async def probe_markers(store: AsyncStore, writer: str, prefix: str = "") -> boo
     return info is not None and info.metadata.get(PROBE_META) == "1"
 
 
+async def move_root_sidecars(store: AsyncStore, prefix: str) -> int | None:
+    """Move the sidecar keys that earlier versions wrote at the bucket root for directories
+    under `prefix` to the prefix's own folder (the name holds the attributes: a PUT of an
+    empty key, then the DELETE). Returns how many, or None if S3 refused or failed (the
+    next mount tries again): a policy scoped to the prefix may deny the root's listing."""
+    old_root = SIDECAR_ROOT + prefix
+    try:
+        found = await store.list_recursive(old_root)
+        for obj in found:
+            await store.call(store.sync.put, sidecar_root(prefix) + obj.key[len(old_root):],
+                             b"", {})
+            await store.delete(obj.key)
+    except ObjectStoreError as exc:
+        log.info("sidecar keys at the bucket root (%s) not moved under %s: %s", old_root,
+                 prefix, exc)
+        return None
+    if found:
+        log.info("moved %d sidecar key(s) from the bucket root under %s", len(found), prefix)
+    return len(found)
+
+
 async def open_dir_attrs(store: AsyncStore, journal: AsyncJournal, writer: str,
                          prefix: str = "") -> DirAttrs:
-    """The mount's DirAttrs, from the probe's answer that the journal recorded, or a new probe."""
+    """The mount's DirAttrs, from the probe's answer that the journal recorded, or a new
+    probe; on a store that drops marker metadata, first moves the sidecar keys of earlier
+    versions under the prefix (once per cache directory)."""
     recorded = await journal(journal.sync.get_meta, JOURNAL_META)
     keeps = None if recorded is None else recorded == "1"
     if keeps is None:
         keeps = await probe_markers(store, writer, prefix)
         if keeps is not None:
             await journal(journal.sync.set_meta, JOURNAL_META, "1" if keeps else "0")
+    if keeps is not True and prefix and \
+            await journal(journal.sync.get_meta, MOVED_META) is None and \
+            await move_root_sidecars(store, prefix) is not None:
+        await journal(journal.sync.set_meta, MOVED_META, "1")
     log.info("directory attributes: %s", "on the dir/ markers" if keeps else
-             "in sidecar keys under " + SIDECAR_ROOT + " (this store drops marker metadata)"
-             if keeps is False else "on markers and in sidecar keys")
-    return DirAttrs(store, keeps)
+             "in sidecar keys under " + sidecar_root(prefix) +
+             " (this store drops marker metadata)" if keeps is False else
+             "on markers and in sidecar keys")
+    return DirAttrs(store, keeps, prefix)

@@ -100,3 +100,23 @@ def test_a_directory_whose_attributes_s3_cannot_tell_is_served_0700_until_it_can
     time.sleep(1.5)  # past the kernel's attribute timeout
     assert stat.S_IMODE(os.stat(m.path / "open").st_mode) == 0o755
     assert "served 0700" in m.log_file.read_text()
+
+
+def test_a_prefix_mount_writes_its_sidecar_keys_under_its_prefix_and_moves_older_ones_there(
+        mount_factory, s3):
+    """Nothing outside s3://bucket/team/ (a policy scoped to the prefix allows that much);
+    the keys an earlier version left at the bucket root are moved under the prefix."""
+    s3.put("team/old/", b"", {})
+    s3.put(entry_folder("team/old/") + f"{stat.S_IFDIR | 0o700}.0.0.{OLD_NS}", b"", {})
+    m = mount_factory(prefix="team")
+    assert _attrs(m.path / "old") == (0o700, 0, 0, OLD_NS)
+    os.mkdir(m.path / "new")
+    os.chmod(m.path / "new", 0o750)
+    assert m.flush().returncode == 0  # (namespace changes are written back)
+    assert [o.key for o in s3.list_recursive("") if not o.key.startswith("team/")] == []
+    assert sorted(o.key.rpartition("/")[0] for o in s3.list_recursive("team/" + SIDECAR_ROOT)
+                  ) == [entry_folder(f"team/{d}/", "team/").rstrip("/") for d in ("new", "old")]
+    assert m.unmount().returncode == 0
+    again = mount_factory(prefix="team", name="again")  # an empty cache
+    assert {d: _attrs(again.path / d)[0] for d in ("new", "old")} == {"new": 0o750,
+                                                                    "old": 0o700}

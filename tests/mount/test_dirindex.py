@@ -78,8 +78,9 @@ def test_a_mount_of_a_prefix_keeps_its_indexes_under_that_prefix(mount_factory, 
     (writer.path / "sub" / "low.bin").write_bytes(b"l" * 20)
     os.chmod(writer.path / "sub" / "low.bin", 0o640)
     assert writer.flush().returncode == 0
-    folders = {o.key.rsplit("/", 1)[0] for o in s3.list_recursive("team/")
-               if RESERVED_NAME in o.key}
+    reserved = [o.key for o in s3.list_recursive("") if RESERVED_NAME in o.key]
+    assert all(k.startswith(f"team/run1/{RESERVED_NAME}/") for k in reserved)
+    folders = {k.rsplit("/", 1)[0] for k in reserved if INDEX_FOLDER in k}
     assert folders == {f"team/run1/{INDEX_FOLDER}".rstrip("/"),
                        f"team/run1/{INDEX_FOLDER}sub"}
 

@@ -13,6 +13,7 @@ from lakefs_mount.namespace.dirattrs import (
     DirAttrs,
     DirStat,
     entry_folder,
+    move_root_sidecars,
     probe_markers,
     sidecar_fits,
 )
@@ -61,6 +62,47 @@ def test_the_probe_of_a_prefix_mount_writes_under_its_prefix():
     store = _PrefixScopedStore()
     assert _run(store, lambda s: probe_markers(s, "w1", "team/")) is True
     assert store.objects == {}
+
+
+def test_a_prefix_mount_keeps_its_sidecar_keys_under_its_prefix():
+    """A policy that lets the mount write under team/ only: saving, loading and renaming
+    directories' attributes never reach outside it."""
+    store = _PrefixScopedStore()
+
+    async def tree(s: AsyncStore) -> dict[str, DirStat]:
+        attrs = DirAttrs(s, False, "team/")
+        for key in ("team/d/", "team/d/sub/"):
+            await attrs.save(key, PRIVATE, replace=True)
+        await attrs.copy_tree("team/d/", "team/e/", OPEN)
+        return await attrs.load("team/", ["d", "e"]) | await attrs.load("team/e/", ["sub"])
+
+    assert _run(store, tree) == {"d": PRIVATE, "e": OPEN, "sub": PRIVATE}
+    assert all(k.startswith("team/" + SIDECAR_ROOT) for k in store.objects)
+    assert entry_folder("team/e/sub/", "team/") + PRIVATE.leaf() in store.objects
+
+
+def test_the_sidecar_keys_earlier_versions_wrote_at_the_bucket_root_move_under_the_prefix():
+    store = _MarkerMetadataDroppingStore()
+    store.put(entry_folder("team/d/") + PRIVATE.leaf(), b"", {})  # where they were
+    store.put(entry_folder("teammate/d/") + OPEN.leaf(), b"", {})  # another prefix's
+
+    async def move(s: AsyncStore) -> tuple[int | None, dict[str, DirStat]]:
+        moved = await move_root_sidecars(s, "team/")
+        return moved, await DirAttrs(s, False, "team/").load("team/", ["d"])
+
+    assert _run(store, move) == (1, {"d": PRIVATE})
+    assert sorted(store.objects) == sorted([entry_folder("team/d/", "team/") + PRIVATE.leaf(),
+                                            entry_folder("teammate/d/") + OPEN.leaf()])
+
+
+def test_a_root_that_s3_will_not_list_leaves_the_move_for_the_next_mount():
+    class _RootDenied(_MarkerMetadataDroppingStore):
+        def list_recursive(self, prefix: str):
+            if not prefix.startswith("team/"):
+                raise AccessDenied(f"{prefix}: access denied")
+            return super().list_recursive(prefix)
+
+    assert _run(_RootDenied(), lambda s: move_root_sidecars(s, "team/")) is None
 
 
 def test_sidecar_keys_hold_the_attributes_and_are_never_a_folder_of_another_key():
