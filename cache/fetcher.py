@@ -160,18 +160,23 @@ class Fetcher:
 
         A chunk of BUFFER_SIZE or more stays fresh in the page cache (see the module);
         with `written_back` (a warm-up: nobody waits) it is written back at once, before
-        it counts as cached."""
+        it counts as cached. On a cache disk too full for the chunk, clean chunks are
+        evicted for it first (or uploads waited for), as for a write (`DiskRoom`): the GET
+        failed with ENOSPC on a disk full of clean chunks (CI of b4109d5)."""
         while True:
             if idx in cf.chunks:
                 return
             waiting = cf.fetches.under_way.get(idx)
-            if waiting is None:
+            if waiting is not None:
+                await waiting.wait()  # a concurrent reader fetches it; share its GET
+                continue
+            start, end = self.base_span(cf, idx)
+            if end <= start:
+                self.book.new_chunk(cf, idx)  # a hole: zeros in the sparse file
+                return
+            if self.room.free_above_reserve() >= end - start:
                 break
-            await waiting.wait()  # a concurrent reader fetches it; share its GET
-        start, end = self.base_span(cf, idx)
-        if end <= start:
-            self.book.new_chunk(cf, idx)  # a hole: zeros in the sparse file
-            return
+            await self.room.ensure(end - start)  # (then all of the above again)
         filling = self.fetching(cf, idx)  # at once: a reader arriving meanwhile shares it
         if written_back:  # a warm-up: stopped with it
             await self._fill(cf, idx, start, end, filling, written_back)

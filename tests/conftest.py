@@ -26,6 +26,7 @@ import shutil
 import signal
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,15 +64,25 @@ def _isolated_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         yield
 
 
+_last_test: list[str] = []  # the test this worker ran last (see _ctrl_c_as_it_was)
+
+
 @pytest.fixture(autouse=True)
-def _ctrl_c_as_it_was() -> Iterator[None]:
+def _ctrl_c_as_it_was(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that runs the CLI in this process (CliRunner) may leave SIGINT ignored:
     `mount` ignores it once its outcome is decided, as the command ends right after. The
     workers' later children then inherit that through exec, and Python installs no
-    KeyboardInterrupt in them: `status --watch` ran on past its Ctrl-C in CI (stop 56)."""
-    before = signal.getsignal(signal.SIGINT)
+    KeyboardInterrupt in them: `status --watch` ran on past its Ctrl-C in CI (stop 56).
+    Every test starts and ends with Python's own handler; one that finds another says
+    which test ran before it (CI of b4109d5 saw two Ctrl-C tests fail as if ignored)."""
+    found = signal.getsignal(signal.SIGINT)
+    if found is not signal.default_int_handler:
+        warnings.warn(f"SIGINT was {found!r} at the start of {request.node.nodeid}, after "
+                      f"{_last_test[-1] if _last_test else 'no test'}: reset", stacklevel=1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _last_test[:] = [request.node.nodeid]
     yield
-    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _start(state_dir: Path, access_key: str | None = None,

@@ -268,3 +268,18 @@ def test_a_passthrough_writer_finds_room_evicted_on_a_disk_full_of_clean_chunks(
         counters = m.status()["counters"]
         if fs == "ext4":  # the kernel wrote it, and waited while clean chunks were evicted
             assert counters["passthrough_opens"] > 0 and counters["cache_evictions"] > 0
+
+
+def test_a_cold_read_on_a_cache_disk_full_of_clean_chunks_evicts_for_itself(
+        mount_factory, s3):
+    """Objects read through a 48 MiB cache disk (--cache-size 1G: the budget never asks
+    for eviction): once the disk is full of their clean chunks, the next read's fetch
+    evicts the oldest for itself, as a write does; its GET failed with ENOSPC before."""
+    objects = {f"o{i}.bin": random.randbytes(8 * MiB) for i in range(8)}
+    for key, data in objects.items():
+        s3.put(key, data, {})
+    with _cache_on(mount_factory, "48m", "--max-dirty", "16M") as m:
+        for _ in range(2):
+            for key, data in objects.items():
+                assert (m.path / key).read_bytes() == data, key
+        assert m.counters()["cache_evictions"] > 0
