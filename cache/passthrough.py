@@ -358,6 +358,8 @@ class Passthrough:
         # a writer the daemon does not see must find room: otherwise the daemon path waits
         if not writable:
             return True
+        if cf.spills:  # (the daemon must see each write of a chunk it spilled: D30)
+            return False
         if self.book.dirty_bytes >= self.book.max_dirty:
             return False
         if self._gated() is None:  # nothing holds it once the kernel writes: room for
