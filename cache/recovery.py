@@ -149,6 +149,6 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     cache.adopt(cf)
     if rec.passthrough:  # D21: the kernel wrote the cache file directly: any byte may be new
         await cache.stale_writers.check(cf)  # D28: and may still write it (keeps the flag)
-        await cache.writer.take_over_written(cf, cf.size)
+        await cache.writer.take_over_written(cf, cf.size, frozenset(cf.spills))
         report.dirty_chunks = sum(1 for c in cf.chunks.values() if c.state is ChunkState.DIRTY)
     return cf
