@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+
 from lakefs_mount.cache.budget import CacheBudget
 from lakefs_mount.cache.cachefile import CachedFile, SpilledPart
 from lakefs_mount.s3.aiostore import AsyncStore

@@ -11,6 +11,7 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.recovery import recover
 from lakefs_mount.cache.spills import FOLDER
+from tests.memstore import MemoryObjectStore
 from tests.unit.test_cache import PART, core, run
 
 CACHE = 4 * PART
@@ -73,7 +74,6 @@ def test_an_evicted_spilled_chunk_is_read_back_and_written_into_before_the_commi
 
 def test_spilled_parts_survive_a_crash_and_the_next_mount_commits_them(tmp_path):
     data = random.randbytes(12 * PART)
-    from tests.memstore import MemoryObjectStore
     store = MemoryObjectStore()
     store.put(FOLDER + "local/999/0-deadbeef", b"left by a crash", {})  # no file names it
 
