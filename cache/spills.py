@@ -20,7 +20,8 @@ its journal does not name.
 
 The daemon sees every write of such a file: a file with FUSE passthrough opens never
 spills, and a file with spilled parts is not opened in passthrough (its bytes are not all
-in the cache file).
+in the cache file). While the cache is that short of room, no file is opened for writing
+in passthrough: its parts could not spill.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 
 SPILL_AT = 0.75  # share of --cache-size that bytes eviction cannot free may reach unspilled
 FOLDER = RESERVED_NAME + "/spill/"
+
+
+def short_of_room(budget: CacheBudget, nbytes: int = 0) -> bool:
+    """The bytes eviction cannot free, with `nbytes` more, pass SPILL_AT of the cache."""
+    return budget.used - budget.clean_bytes(set()) + nbytes > SPILL_AT * budget.capacity
 
 
 class Spills:
@@ -69,8 +75,7 @@ class Spills:
         its commit, soon) and the cache could not otherwise hold it."""
         if not cf.writers or cf.pt.opens or cf.pt.writers or cf.pt.flagged or cf.fid is None:
             return False
-        unevictable = self.budget.used - self.budget.clean_bytes(set())
-        return unevictable + nbytes > SPILL_AT * self.budget.capacity
+        return short_of_room(self.budget, nbytes)
 
     async def remove(self, keys: list[str]) -> None:
         """Spilled parts nothing needs any more: gone from S3. A failure is logged: the

@@ -293,3 +293,25 @@ def test_one_file_three_times_the_cache_disk_is_written_whole_and_the_cache_stay
             f.seek(100 * MiB)
             assert f.read(MiB) == data[100 * MiB:101 * MiB]
         assert [o.key for o in s3.list_recursive(".lakefs-mount/spill/")] == []
+
+
+@pytest.mark.parametrize("fuse_session", ["native"], indirect=True)
+def test_while_the_cache_is_short_a_new_writer_takes_the_daemon_path_and_its_parts_spill(
+        mount_factory, s3):
+    """A passthrough writer holds 40 MiB of a 32 MiB cache open (the daemon cannot evict
+    behind it); a file written meanwhile is not opened in passthrough, so its parts can
+    spill (D30), and both land whole."""
+    first, second = random.randbytes(40 * MiB), random.randbytes(64 * MiB)
+    with _cache_on(mount_factory, "256m", "--cache-size", "32M", "--max-dirty", "8M") as m:
+        with open(m.path / "first.bin", "wb") as f:
+            f.write(first)
+            f.flush()
+            opened = m.counters().get("passthrough_opens", 0)
+            assert opened == 1
+            (m.path / "second.bin").write_bytes(second)
+            counters = m.counters()
+            assert counters.get("passthrough_opens", 0) == opened  # the daemon path
+            assert counters["parts_spilled"] >= 3
+        assert m.flush().returncode == 0
+        assert s3.get("first.bin")[1] == first and s3.get("second.bin")[1] == second
+        assert [o.key for o in s3.list_recursive(".lakefs-mount/spill/")] == []
