@@ -178,10 +178,12 @@ class CacheManager:
 
     def clean_note(self, cf: CachedFile) -> CleanNote | None:
         """The committed object is the new base: every clean cached chunk belongs to it
-        (what the journal notes for the warm cache, with the commit)."""
+        (what the journal notes for the warm cache, with the commit), but those spilled
+        since the commit took its parts (their bytes are newer)."""
         if cf.fid is None or cf.base.key is None or cf.base.etag is None:
             return None
-        clean = [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]
+        clean = [i for i, c in cf.chunks.items()
+                 if c.state is ChunkState.CLEAN and i not in cf.spills]
         return cf.fid, cf.base.key, cf.base.etag, cf.base.size, clean
 
     # -- a file's life ------------------------------------------------------------------

@@ -123,8 +123,10 @@ class Uploads:
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.intend_upload, cf.fid, key)
                 # S3 keeps the whole object's CRC-32C only if every part has one: not
-                # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base.key is None
+                # where parts may be copied from a base object or spilled parts
+                # (UploadPartCopy; a part that spills later gives its CRC with it)
+                checksum = (self.checksums.full_object and cf.base.key is None
+                            and not cf.spills)
                 table = new_table_key(self.prefix)  # written with the Complete
                 upload_id = await self.call(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
