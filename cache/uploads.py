@@ -244,10 +244,12 @@ class Uploads:
         assert cf.fid is not None
         self.cache.book.set_state(cf, ch, idx, ChunkState.UPLOADING)
         ch.settled = trio.Event()
+        ch.reading = False
         token = self.cache.spills.new_token()
         gen, key = ch.gen, self.cache.spills.key(cf.fid, idx, token)
         try:
             async with self.slots.hold(cf, self.urgent(cf)):
+                ch.reading = True
                 self.demand.in_flight += 1
                 try:
                     bodies: list[CachePartBody] = []
