@@ -29,6 +29,17 @@ PENDING_STATES = (ChunkState.DIRTY, ChunkState.UPLOADING, ChunkState.UPLOADED)
 DIRTY_STATES = (ChunkState.DIRTY, ChunkState.UPLOADING)  # bytes only the cache holds
 
 
+@dataclass(frozen=True, slots=True)
+class SpilledPart:
+    """A full chunk's bytes as an object of their own while the file is open (D30,
+    cache/spills): where it is not cached, it is read from there."""
+
+    token: str  # names its object, one per spill: a chunk spilled again gets a new one
+    etag: str
+    length: int
+    crc: int | None
+
+
 @dataclass
 class Chunk:
     state: ChunkState
@@ -160,6 +171,8 @@ class CachedFile:
     symlink: str | None = None
     rdev: int = 0  # device number of a character or block device
     chunks: dict[int, Chunk] = field(default_factory=dict)
+    spills: dict[int, SpilledPart] = field(default_factory=dict)  # clean or not cached
+    stale_spills: list[tuple[int, SpilledPart]] = field(default_factory=list)  # to delete
     in_journal: bool = False
     # A commit of it may have put an object at its key that the journal does not know of:
     # a request placing it got no answer here (timed out, connection lost), or the file was

@@ -95,6 +95,8 @@ class ChunkBook:
             self.budget.not_clean(ref)
         if state is not ChunkState.UPLOADED:
             ch.etag = None
+        if state is ChunkState.DIRTY and idx in cf.spills:  # its spilled part no longer
+            cf.stale_spills.append((idx, cf.spills.pop(idx)))  # holds it
         if was_dirty != dirty:
             self._account(ch.held if dirty else -ch.held)
             ch.dirty_since = trio.current_time() if dirty else None

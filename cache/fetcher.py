@@ -26,12 +26,13 @@ import outcome
 import trio
 
 from lakefs_mount.cache.asyncjournal import AsyncJournal
-from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState, SpilledPart
 from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.direct import BUFFER_SIZE, write_back
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.parttables import PartTables
+from lakefs_mount.cache.spills import Spills
 from lakefs_mount.s3.aiostore import AsyncStore
 from lakefs_mount.s3.objectstore import CorruptRead, NoSuchKey, ObjectInfo
 from lakefs_mount.uring import write_on_this_thread
@@ -68,8 +69,10 @@ class _Filling:
 
 class Fetcher:
     def __init__(self, book: ChunkBook, files: CacheFiles, room: DiskRoom,
-                 journal: AsyncJournal, store: AsyncStore, read_ahead: int) -> None:
+                 journal: AsyncJournal, store: AsyncStore, read_ahead: int,
+                 spills: Spills) -> None:
         self.book = book
+        self.spills = spills
         self.tables = PartTables(store, book.parts)
         self.parts = book.parts
         self.files = files
@@ -119,9 +122,13 @@ class Fetcher:
             await trio.sleep(0.01)
 
     def base_span(self, cf: CachedFile, idx: int) -> tuple[int, int]:
-        """The part of chunk `idx` that the committed object holds and the file still has
-        (empty if none: past the file's end, bytes of the object are not the file's)."""
+        """The part of chunk `idx` that the committed object (or the chunk's spilled part)
+        holds and the file still has (empty if none: past the file's end, bytes of the
+        object are not the file's)."""
         start, end = self.parts.chunk_range(idx)
+        spilled = cf.spills.get(idx)
+        if spilled is not None:
+            return start, max(start, min(start + spilled.length, cf.size))
         if cf.base.key is None:
             return start, start
         return start, max(start, min(end, cf.base.size, cf.size))
@@ -189,6 +196,11 @@ class Fetcher:
         with filling:
             async with self._fetch_slots, self.files.io(cf) as fd:
                 self._busy_at = trio.current_time()
+                spilled = cf.spills.get(idx)
+                if spilled is not None:
+                    await self._get_spilled_into(fd, cf, idx, start, end, spilled)
+                    self.book.new_chunk(cf, idx)  # (its bytes are no base's: never noted)
+                    return
                 await self._get_base_into(fd, cf, idx, start, end)
                 if written_back:  # (fetched: kept even if the warm-up is being stopped)
                     with trio.CancelScope(shield=True):
@@ -217,11 +229,20 @@ class Fetcher:
                 if cf.base.key in (key, None):
                     raise
 
+    async def _get_spilled_into(self, fd: int, cf: CachedFile, idx: int, start: int,
+                                end: int, spilled: SpilledPart) -> None:
+        """`_get_into` from the chunk's spilled part (its offset 0 is the chunk's start),
+        checked against the CRC it was sent with where all of it is read."""
+        assert cf.fid is not None
+        expect = spilled.crc if end - start == spilled.length else None
+        await self._get_into(fd, self.spills.part_key(cf, idx, spilled), 0, end - start,
+                             expect, False, at=start)
+
     async def _get_into(self, fd: int, key: str, start: int, end: int, expect: int | None,
-                        whole: bool) -> None:
-        """GET bytes [start, end) of `key` into the cache file at their offsets, from the
-        GET's own thread, checked against `expect` or, for the `whole` object, S3's CRC
-        of it (a mismatch is fetched again, then fails the read). Cancelled (an
+                        whole: bool, at: int = 0) -> None:
+        """GET bytes [start, end) of `key` into the cache file at their offsets (plus
+        `at`), from the GET's own thread, checked against `expect` or, for the `whole`
+        object, S3's CRC of it (a mismatch is fetched again, then fails the read). Cancelled (an
         interrupted warm-up), the GET stops at its next piece instead of running to its
         end: the thread cannot be abandoned."""
         stop = threading.Event()
@@ -229,7 +250,7 @@ class Fetcher:
         def write_piece(offset: int, piece: bytes) -> None:  # in the GET's thread
             if stop.is_set():
                 raise FetchStopped
-            write_on_this_thread(fd, piece, offset)
+            write_on_this_thread(fd, piece, offset + at)
 
         async def stop_when_cancelled() -> None:
             try:

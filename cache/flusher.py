@@ -31,6 +31,7 @@ from lakefs_mount.cache.cachefile import (
     PENDING_STATES,
     CachedFile,
     ChunkState,
+    SpilledPart,
 )
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.slots import Slots
@@ -271,9 +272,10 @@ class Flusher:
             raise CommitSuperseded
         started = time.monotonic()
         placed = cf.key  # where the object lands: an upload a rename kept, at its old key
+        copied: dict[int, SpilledPart] = {}  # the spilled parts the object holds
         pending_idx = [i for i, c in cf.chunks.items() if c.state in PENDING_STATES]
         attrs_only = (not pending_idx and cf.base.key == cf.key and size == cf.base.size
-                      and cf.upload.id is None and cf.symlink is None)
+                      and cf.upload.id is None and cf.symlink is None and not cf.spills)
         crc: int | None = None  # of the new object, where known
         if cf.symlink is not None:
             body = cf.symlink.encode()
@@ -296,6 +298,10 @@ class Flusher:
         elif nchunks <= 1:
             if cf.upload.id is not None:
                 await self.uploads.abort(cf)
+            if 0 in cf.spills:  # (a file cut to one part after it spilled): cached first
+                with self.cache.book.pinned(cf, [0]):
+                    await self.cache.fetcher.ensure_chunk(cf, 0)
+                    await self.cache.writer.mark_dirty(cf, [0], None)
             sent = {i: (c, c.gen) for i, c in cf.chunks.items() if c.state in PENDING_STATES}
             key = cf.key
             declare = self.checksums.send
@@ -322,9 +328,11 @@ class Flusher:
             results: dict[int, tuple[str, int | None]] = {}
 
             async def one(idx: int) -> None:
-                number, etag, part_crc = await self.uploads.part_for_commit(
+                number, etag, part_crc, spilled = await self.uploads.part_for_commit(
                     cf, idx, size, version, key, upload_id)
                 results[number] = etag, part_crc
+                if spilled is not None:
+                    copied[idx] = spilled
 
             try:
                 async with trio.open_nursery() as nursery:
@@ -350,7 +358,8 @@ class Flusher:
         cf.committed(placed, size, str(etag), crc, meta)  # (clean_note below needs it)
         if cf.low_water < min(size, cf.size):  # cut below what this commit placed
             await self.cache.writer.zeros_past_cut(cf, cf.low_water, cf.size)
-        keep = cf.version != version or any(
+        spilled_keys = self.cache.spills_copied(cf, copied)  # (the object holds them now)
+        keep = cf.version != version or bool(cf.spills) or any(
             c.state in PENDING_STATES for c in cf.chunks.values())
         assert cf.fid is not None
         # no passthrough writer: the row's flag, if any, is stale (see Writer.row_covers)
@@ -359,10 +368,12 @@ class Flusher:
             cf.flag_doubtful()
         kept = await self.journal(self.journal.sync.finish_commit, cf.fid, committed, keep,
                                   placed, size, seen_gen, flag_stale,
-                                  self.cache.clean_note(cf), crc)
+                                  self.cache.clean_note(cf), crc,
+                                  [(i, p.token) for i, p in copied.items()])
+        self.cache.remove_spills(spilled_keys)
         cf.committed_version = version
         # An intent that raced with finish_commit kept (or re-created) the row.
-        if kept or cf.version != version or any(
+        if kept or cf.version != version or cf.spills or any(
                 c.state in PENDING_STATES for c in cf.chunks.values()):
             cf.row_written()
         else:

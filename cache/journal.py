@@ -22,6 +22,7 @@ import sqlite_utils
 
 from lakefs_mount.cache.journalschema import (
     CHUNK_DIRTY,
+    CHUNK_SPILLED,
     CHUNK_UPLOADED,
     INTENT,
     MIGRATIONS,
@@ -267,6 +268,21 @@ class Journal:
             (CHUNK_UPLOADED, etag, crc, fid, idx),
         )
 
+    def mark_spilled(self, fid: int, idx: int, token: str, etag: str,
+                     crc: int | None) -> None:
+        """The chunk's bytes are the object of its spilled part (D30, cache/spills)."""
+        self._conn.execute(
+            "UPDATE chunks SET state=?, spill=?, etag=?, crc=? WHERE fid=? AND idx=?",
+            (CHUNK_SPILLED, token, etag, crc, fid, idx),
+        )
+
+    def spilled(self, fid: int) -> dict[int, tuple[str, str, int | None]]:
+        """Chunk index -> (token, ETag, CRC-32C) of its spilled part."""
+        rows = self._conn.execute(
+            "SELECT idx, spill, etag, crc FROM chunks WHERE fid=? AND state=?",
+            (fid, CHUNK_SPILLED))
+        return {idx: (token, etag, crc) for idx, token, etag, crc in rows}
+
     def chunks(self, fid: int) -> dict[int, tuple[str, str | None]]:
         rows = self._conn.execute("SELECT idx, state, etag FROM chunks WHERE fid=?", (fid,))
         return {idx: (state, etag) for idx, state, etag in rows}
@@ -279,11 +295,13 @@ class Journal:
         return {idx: crc for idx, crc in rows}
 
     def forget_uploads(self, fid: int) -> None:
-        """The upload is gone: its parts must be sent again, so they are dirty again."""
+        """The upload is gone: its parts must be sent again, so they are dirty again
+        (spilled parts are objects of their own: they stay)."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute(
-                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=? AND state!=?",
+                (CHUNK_DIRTY, fid, CHUNK_SPILLED))
             self._conn.execute("UPDATE files SET upload_id=NULL, upload_key=NULL,"
                                " upload_checksum=0, upload_table=NULL WHERE fid=?", (fid,))
 
@@ -293,7 +311,8 @@ class Journal:
 
     def finish_commit(self, fid: int, committed_idx: list[int], keep_file: bool,
                       base_key: str, base_size: int, seen_gen: int, flag_stale: bool = False,
-                      clean: CleanNote | None = None, crc: int | None = None) -> bool:
+                      clean: CleanNote | None = None, crc: int | None = None,
+                      spills: Sequence[tuple[int, str]] = ()) -> bool:
         """After CompleteMultipartUpload/PutObject: drop what the new object holds.
 
         The file row goes only if no intent newer than `seen_gen` (the commit's start)
@@ -302,7 +321,8 @@ class Journal:
         returns whether the row is kept. `clean` replaces what was
         noted of the file's clean chunks (the new object is their base), in the same
         transaction: a journal round trip per committed file less; `crc` is the new
-        object's CRC-32C, noted with it.
+        object's CRC-32C, noted with it; `spills`: (chunk, token) of the spilled parts
+        it copied (a chunk spilled again meanwhile keeps its row).
         """
         with self._conn:
             self._conn.execute("BEGIN")
@@ -315,6 +335,10 @@ class Journal:
                 "DELETE FROM chunks WHERE fid=? AND idx=? AND state=?",
                 [(fid, i, CHUNK_UPLOADED) for i in committed_idx],
             )
+            self._conn.executemany(
+                "DELETE FROM chunks WHERE fid=? AND idx=? AND state=? AND spill=?",
+                [(fid, i, CHUNK_SPILLED, token) for i, token in spills],
+            )
             if not keep_file:
                 row = self._conn.execute(
                     "SELECT intent_gen, passthrough FROM files WHERE fid=?", (fid,)).fetchone()
@@ -326,7 +350,8 @@ class Journal:
                 "UPDATE files SET base_key=?, base_size=?, upload_id=NULL, upload_key=NULL,"
                 " upload_checksum=0, upload_table=NULL WHERE fid=?", (base_key, base_size, fid))
             self._conn.execute(
-                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=?", (CHUNK_DIRTY, fid))
+                "UPDATE chunks SET state=?, etag=NULL, crc=NULL WHERE fid=? AND state!=?",
+                (CHUNK_DIRTY, fid, CHUNK_SPILLED))
             return True
 
     # -- multipart uploads ------------------------------------------------------------

@@ -31,6 +31,9 @@ files      one row per file whose content or attributes are not yet committed in
 chunks     one row per chunk that is not clean.
   state = 'dirty'     the cache file holds bytes of chunk idx that are in no part yet
   state = 'uploaded'  part idx+1 of the file's upload_id holds the chunk; etag set
+  state = 'spilled'   the object spill/<writer>/<fid>/<idx>-<spill> holds the chunk
+                      (D30); etag set; the cache file may no longer (evicted)
+  spill      (v11) the token that names the spilled part's object
   crc        (v7) CRC-32C of the uploaded part's bytes (sent as x-amz-checksum-crc32c);
              NULL = not known (a part uploaded before v7, or with checksums off)
 uploads    every multipart upload this journal created and has not yet completed or
@@ -69,6 +72,7 @@ import sqlite_utils
 
 CHUNK_DIRTY = "dirty"
 CHUNK_UPLOADED = "uploaded"
+CHUNK_SPILLED = "spilled"
 INTENT = "intent:"  # upload_id prefix of an upload about to be created
 
 
@@ -160,9 +164,13 @@ def _migrate_v10(db: sqlite_utils.Database) -> None:
     db.table("files").add_column("ctime_ns", int, not_null_default=0)
 
 
+def _migrate_v11(db: sqlite_utils.Database) -> None:
+    db.table("chunks").add_column("spill", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6,
-    _migrate_v7, _migrate_v8, _migrate_v9, _migrate_v10]
+    _migrate_v7, _migrate_v8, _migrate_v9, _migrate_v10, _migrate_v11]
 
 
 @dataclass

@@ -11,8 +11,8 @@ its own methods (docs/architecture.md); inside `cache/`, the flusher, uploads an
 call the parts it holds:
 `CacheFiles` (fids, descriptors), `ChunkBook` (chunk states, dirty bytes), `Evictor`,
 `DiskRoom` (the journal's reserve, waiting for space), `Fetcher` (GETs, readahead),
-`Reader`, `Writer` (and the journal rows), `Passthrough`, `WarmCache`, and the
-`UploadDemand` the flusher serves.
+`Reader`, `Writer` (and the journal rows), `Passthrough`, `WarmCache`, `Spills` (parts
+of files larger than the cache), and the `UploadDemand` the flusher serves.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import trio
 from lakefs_mount import metrics as m
 from lakefs_mount.cache.asyncjournal import AsyncJournal
 from lakefs_mount.cache.budget import CacheBudget
-from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState, SpilledPart
 from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.demand import UploadDemand
@@ -38,6 +38,7 @@ from lakefs_mount.cache.fetcher import Fetcher
 from lakefs_mount.cache.journalschema import CleanNote
 from lakefs_mount.cache.passthrough import Passthrough
 from lakefs_mount.cache.reader import Reader
+from lakefs_mount.cache.spills import Spills
 from lakefs_mount.cache.stalewriters import StaleWriters
 from lakefs_mount.cache.warm import WarmCache
 from lakefs_mount.cache.writer import Writer
@@ -59,8 +60,10 @@ class CacheManager:
                  max_dirty: int, cache_size: int = 1 << 62, read_ahead: int = 4,
                  open_files: int = 1024, direct_io: bool = True,
                  on_uploaded: Callable[[CachedFile, int], None] = lambda cf, held: None,
-                 hooks: HooksForTests | None = None) -> None:
-        """`on_uploaded`: told of the bytes of each chunk that reached S3 (status)."""
+                 hooks: HooksForTests | None = None, prefix: str = "",
+                 writer: str = "") -> None:
+        """`on_uploaded`: told of the bytes of each chunk that reached S3 (status);
+        `prefix`, `writer`: where this cache's spilled parts go in S3 (cache/spills)."""
         self.data_dir = cache_dir / "data"
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.engine = engine
@@ -71,6 +74,7 @@ class CacheManager:
         self.max_dirty = max_dirty
         self.read_ahead = read_ahead
         self.budget = CacheBudget(cache_size)
+        self.spills = Spills(store, self.budget, prefix, writer)
         self.fds = FdTable(open_files, direct_io)  # cache files kept open between I/Os
         self.cachefiles = CacheFiles(self.data_dir, journal, self.fds)
         self.files = self.cachefiles.by_fid  # every file with a cache file, by fid
@@ -80,7 +84,7 @@ class CacheManager:
         self.evictor = Evictor(self.book, self.cachefiles, journal, engine, metrics)
         self.room = DiskRoom(self.data_dir, journal, self.evictor, self.demand, metrics)
         self.fetcher = Fetcher(self.book, self.cachefiles, self.room, journal, store,
-                               read_ahead)
+                               read_ahead, self.spills)
         buffers = AlignedBuffers()
         self.reader = Reader(self.book, self.cachefiles, self.fetcher, engine, buffers)
         self.writer = Writer(self.book, self.cachefiles, self.fetcher, self.room, journal,
@@ -174,10 +178,12 @@ class CacheManager:
 
     def clean_note(self, cf: CachedFile) -> CleanNote | None:
         """The committed object is the new base: every clean cached chunk belongs to it
-        (what the journal notes for the warm cache, with the commit)."""
+        (what the journal notes for the warm cache, with the commit), but those spilled
+        since the commit took its parts (their bytes are newer)."""
         if cf.fid is None or cf.base.key is None or cf.base.etag is None:
             return None
-        clean = [i for i, c in cf.chunks.items() if c.state is ChunkState.CLEAN]
+        clean = [i for i, c in cf.chunks.items()
+                 if c.state is ChunkState.CLEAN and i not in cf.spills]
         return cf.fid, cf.base.key, cf.base.etag, cf.base.size, clean
 
     # -- a file's life ------------------------------------------------------------------
@@ -199,10 +205,36 @@ class CacheManager:
         not unlinked, only its pending changes go (their base object is gone)."""
         self.detach_upload(cf)
         self.book.release_dirty(cf)
+        self.forget_spills(cf)
         if cf.in_journal and cf.fid is not None and not row_dropped:
             await self.journal(self.journal.sync.drop_file, cf.fid)
         cf.discarded(unlinked=not name_kept)
         cf.changed()
+
+    def forget_spills(self, cf: CachedFile) -> None:
+        """The file's pending changes were dropped: its spilled parts go from S3 in the
+        background."""
+        if (cf.spills or cf.stale_spills) and cf.fid is not None:
+            cf.spills.clear()
+            cf.stale_spills.clear()
+            if self._nursery is not None:
+                self._nursery.start_soon(self.spills.remove_all, cf.fid)
+
+    def spills_copied(self, cf: CachedFile, used: dict[int, SpilledPart]) -> list[str]:
+        """A commit copied these spilled parts into the object it placed: those still
+        the chunks' own are the object's bytes now. Returns the keys that may go once
+        the journal has dropped their rows (`remove_spills`), the stale ones with them."""
+        doomed = list(cf.stale_spills)
+        cf.stale_spills.clear()
+        for idx, part in used.items():
+            if cf.spills.get(idx) is part:
+                del cf.spills[idx]
+                doomed.append((idx, part))
+        return [self.spills.part_key(cf, i, p) for i, p in doomed]
+
+    def remove_spills(self, keys: list[str]) -> None:
+        if keys and self._nursery is not None:
+            self._nursery.start_soon(self.spills.remove, keys)
 
     def detach_upload(self, cf: CachedFile) -> None:
         """Take the file's open upload off it, and abort it in the background: until the

@@ -54,6 +54,7 @@ from lakefs_mount.cache.cachefiles import CacheFiles
 from lakefs_mount.cache.chunkbook import ChunkBook
 from lakefs_mount.cache.diskroom import DiskRoom
 from lakefs_mount.cache.reader import Reader
+from lakefs_mount.cache.spills import short_of_room
 from lakefs_mount.cache.writegate import WriteGate
 from lakefs_mount.cache.writer import Writer
 from lakefs_mount.config import HooksForTests
@@ -358,6 +359,8 @@ class Passthrough:
         # a writer the daemon does not see must find room: otherwise the daemon path waits
         if not writable:
             return True
+        if cf.spills or short_of_room(self.book.budget):  # the daemon must see each write
+            return False  # of a file whose parts spill, or may (D30)
         if self.book.dirty_bytes >= self.book.max_dirty:
             return False
         if self._gated() is None:  # nothing holds it once the kernel writes: room for

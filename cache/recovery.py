@@ -10,7 +10,14 @@ import logging
 from dataclasses import dataclass
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState, CommittedBase, OpenUpload
+from lakefs_mount.cache.cachefile import (
+    CachedFile,
+    Chunk,
+    ChunkState,
+    CommittedBase,
+    OpenUpload,
+    SpilledPart,
+)
 from lakefs_mount.cache.journalschema import CHUNK_UPLOADED, INTENT, PendingFile
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.s3.objectstore import NoSuchUpload
@@ -26,12 +33,15 @@ class RecoveryReport:
     uploads_restarted: int = 0
     orphan_uploads_aborted: int = 0
     missing_cache_files: int = 0
+    spilled_parts_kept: int = 0
+    spilled_parts_swept: int = 0
 
     def describe(self) -> str:
         return (f"recovered {self.files} file(s) with {self.dirty_chunks} dirty chunk(s); "
                 f"kept {self.uploaded_parts_kept} uploaded part(s); restarted "
                 f"{self.uploads_restarted} upload(s); aborted {self.orphan_uploads_aborted} "
-                f"orphan upload(s)")
+                f"orphan upload(s); kept {self.spilled_parts_kept} spilled part(s), deleted "
+                f"{self.spilled_parts_swept} no longer needed")
 
 
 async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport]:
@@ -71,6 +81,9 @@ async def recover(cache: CacheManager) -> tuple[list[CachedFile], RecoveryReport
         cf = await _restore_file(cache, rec, report)
         files.append(cf)
         report.files += 1
+    # (before any part spills again: every object there that no row names is garbage)
+    report.spilled_parts_swept = await cache.spills.sweep(
+        {cache.spills.part_key(cf, i, p) for cf in files for i, p in cf.spills.items()})
     cache.metrics[m.RECOVERED_FILES] += report.files
     if report.files or report.orphan_uploads_aborted:
         log.info(report.describe())
@@ -95,6 +108,12 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
                     symlink=rec.symlink, rdev=rec.rdev, in_journal=True, commit_unknown=True,
                     intent_gen=rec.intent_gen)
     chunks = await journal(journal.sync.chunks, rec.fid)
+    for idx, (token, spilled_etag, crc) in (await journal(journal.sync.spilled,
+                                                           rec.fid)).items():
+        start, end = parts.chunk_range(idx)  # (a part spills only whole)
+        cf.spills[idx] = SpilledPart(token, spilled_etag, end - start, crc)
+        chunks.pop(idx, None)  # not cached, as far as recovery knows: read from S3
+        report.spilled_parts_kept += 1
     crcs = await journal(journal.sync.part_crcs, rec.fid)
     remote_parts: dict[int, str] | None = None
     if cf.upload.id is not None and cf.upload.key is not None and cf.upload.key != cf.key:
@@ -130,6 +149,6 @@ async def _restore_file(cache: CacheManager, rec: PendingFile,
     cache.adopt(cf)
     if rec.passthrough:  # D21: the kernel wrote the cache file directly: any byte may be new
         await cache.stale_writers.check(cf)  # D28: and may still write it (keeps the flag)
-        await cache.writer.take_over_written(cf, cf.size)
+        await cache.writer.take_over_written(cf, cf.size, frozenset(cf.spills))
         report.dirty_chunks = sum(1 for c in cf.chunks.values() if c.state is ChunkState.DIRTY)
     return cf

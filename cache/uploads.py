@@ -15,7 +15,7 @@ from collections.abc import Callable
 import trio
 
 from lakefs_mount import metrics as m
-from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState
+from lakefs_mount.cache.cachefile import CachedFile, Chunk, ChunkState, SpilledPart
 from lakefs_mount.cache.manager import CacheManager
 from lakefs_mount.cache.partbody import CachePartBody
 from lakefs_mount.cache.slots import Slots
@@ -123,8 +123,10 @@ class Uploads:
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.intend_upload, cf.fid, key)
                 # S3 keeps the whole object's CRC-32C only if every part has one: not
-                # where parts may be copied from a base object (UploadPartCopy)
-                checksum = self.checksums.full_object and cf.base.key is None
+                # where parts may be copied from a base object or spilled parts
+                # (UploadPartCopy; a part that spills later gives its CRC with it)
+                checksum = (self.checksums.full_object and cf.base.key is None
+                            and not cf.spills)
                 table = new_table_key(self.prefix)  # written with the Complete
                 upload_id = await self.call(cf, f"CreateMultipartUpload {key}",
                                            self.store.sync.create_multipart, key,
@@ -166,7 +168,7 @@ class Uploads:
 
     async def stream_part(self, cf: CachedFile, idx: int) -> None:
         try:
-            await self.upload_chunk(cf, idx)
+            await self.upload_chunk(cf, idx, may_spill=True)
         except NoSuchUpload:
             await self.forget(cf)
         except Exception as exc:  # never take the daemon down; the commit retries it
@@ -180,14 +182,19 @@ class Uploads:
         cf.errors.failed(f"{what}: {exc}")
         self.on_progress()
 
-    async def upload_chunk(self, cf: CachedFile, idx: int) -> None:
-        """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile."""
+    async def upload_chunk(self, cf: CachedFile, idx: int, may_spill: bool = False) -> None:
+        """DIRTY -> UPLOADING -> UPLOADED, unless a write moved the chunk meanwhile; with
+        `may_spill` (a part streamed while the file is written), to CLEAN as a spilled
+        part where the cache is short of room (cache/spills)."""
         ch = cf.chunks.get(idx)
         if ch is None or ch.state is not ChunkState.DIRTY or cf.unlinked:
             return
-        start, end = self.parts.chunk_range(idx)
-        end = min(end, cf.size)
+        start, chunk_end = self.parts.chunk_range(idx)
+        end = min(chunk_end, cf.size)
         if end <= start:
+            return
+        if may_spill and end == chunk_end and self.cache.spills.wanted(cf, end - start):
+            await self._spill_chunk(cf, idx, ch, start, end)
             return
         self.cache.book.set_state(cf, ch, idx, ChunkState.UPLOADING)
         ch.settled = trio.Event()
@@ -230,6 +237,55 @@ class Uploads:
         ch.settled.set()
         self.on_progress()
 
+    async def _spill_chunk(self, cf: CachedFile, idx: int, ch: Chunk, start: int,
+                           end: int) -> None:
+        """DIRTY -> UPLOADING -> CLEAN: the chunk's bytes as its spilled part (a
+        PutObject with their CRC-32C), unless a write moved the chunk meanwhile."""
+        assert cf.fid is not None
+        self.cache.book.set_state(cf, ch, idx, ChunkState.UPLOADING)
+        ch.settled = trio.Event()
+        ch.reading = False
+        token = self.cache.spills.new_token()
+        gen, key = ch.gen, self.cache.spills.key(cf.fid, idx, token)
+        try:
+            async with self.slots.hold(cf, self.urgent(cf)):
+                ch.reading = True
+                self.demand.in_flight += 1
+                try:
+                    bodies: list[CachePartBody] = []
+                    declare = self.checksums.send
+                    async with self.cache.reader.part_reader(cf, start, end) as source:
+                        def send() -> str:  # a fresh body for every attempt
+                            body = CachePartBody(source, start, end - start)
+                            bodies[:] = [body]
+                            return self.store.sync.put_body(key, body, declare)  # type: ignore[arg-type]
+
+                        etag = str(await self.call(cf, f"PutObject {key}", send))
+                finally:
+                    self.demand.in_flight -= 1
+        except BaseException:
+            if ch.state is ChunkState.UPLOADING:
+                self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)
+            ch.settled.set()
+            raise
+        self.metrics[m.PARTS_SPILLED] += 1
+        self.metrics[m.BYTES_UPLOADED] += end - start
+        if ch.gen == gen and ch.state is ChunkState.UPLOADING and cf.chunks.get(idx) is ch:
+            crc = bodies[-1].sent_crc
+            # (at once, as upload_chunk marks a part uploaded: a write from here on makes
+            # the chunk dirty again, journalled after this row; kept until the row is
+            # written, so no hole is punched where the journal still says dirty)
+            with self.cache.book.pinned(cf, [idx]):
+                self.cache.book.set_state(cf, ch, idx, ChunkState.CLEAN)
+                cf.spills[idx] = SpilledPart(token, etag, end - start, crc)
+                self.cache.book.on_uploaded(cf, ch.held)
+                await self.journal(self.journal.sync.mark_spilled, cf.fid, idx, token, etag,
+                                   crc)
+        elif ch.state is ChunkState.UPLOADING:
+            self.cache.book.set_state(cf, ch, idx, ChunkState.DIRTY)  # changed meanwhile: again
+        ch.settled.set()
+        self.on_progress()
+
     async def _send_part(self, cf: CachedFile, key: str, upload_id: str, idx: int,
                          start: int, end: int, changed: Callable[[], bool]
                          ) -> tuple[str, int | None]:
@@ -258,9 +314,10 @@ class Uploads:
         return etag, bodies[-1].sent_crc
 
     async def part_for_commit(self, cf: CachedFile, idx: int, size: int, version: int,
-                               key: str, upload_id: str) -> tuple[int, str, int | None]:
+                               key: str, upload_id: str
+                               ) -> tuple[int, str, int | None, SpilledPart | None]:
         """The number, ETag and CRC-32C (None if not known) of part idx+1 holding bytes
-        of chunk idx up to `size` (of `version`)."""
+        of chunk idx up to `size` (of `version`), and the spilled part it copied, if any."""
         start, end = self.parts.chunk_range(idx)
         end = min(end, size)
         while True:
@@ -272,19 +329,26 @@ class Uploads:
                     and (ch.sent_crc is not None or not cf.upload.checksum)
                     and not await self._stale(cf, idx, ch)):
                 assert ch.etag is not None
-                return idx + 1, ch.etag, ch.sent_crc
-            in_base = cf.base.key is not None and end <= cf.base.size
-            if (ch is None or ch.state is ChunkState.CLEAN) and in_base:
-                assert cf.base.key is not None
-                if self.copies_parts:
+                return idx + 1, ch.etag, ch.sent_crc, None
+            spilled = cf.spills.get(idx)  # (else the bytes not cached are the base's)
+            in_base = spilled is None and cf.base.key is not None and end <= cf.base.size
+            if (ch is None or ch.state is ChunkState.CLEAN) and (in_base or spilled is not None):
+                whole_spill = spilled is not None and spilled.length == end - start
+                if self.copies_parts and (in_base or whole_spill):
+                    if in_base:
+                        assert cf.base.key is not None
+                        src, at = cf.base.key, start
+                    else:
+                        assert spilled is not None
+                        src, at = self.cache.spills.part_key(cf, idx, spilled), 0
                     try:
                         async with self.slots.hold(cf, self.urgent(cf)):
                             etag = await self.call(
                                 cf, f"UploadPartCopy {key} #{idx + 1}",
                                 self.store.sync.upload_part_copy, key, upload_id, idx + 1,
-                                cf.base.key, start, end)
+                                src, at, at + end - start)
                         self.metrics[m.PARTS_COPIED] += 1
-                        return idx + 1, str(etag), None
+                        return idx + 1, str(etag), None if spilled is None else spilled.crc, spilled
                     except PartCopyUnsupported as exc:
                         if self.copies_parts:
                             self.copies_parts = False

@@ -256,6 +256,8 @@ class Writer:
             cf.resized(size)
             for idx in [i for i in cf.chunks if i >= first_gone]:
                 self.book.remove_chunk(cf, idx)
+            for idx in [i for i in cf.spills if i >= first_gone]:
+                cf.stale_spills.append((idx, cf.spills.pop(idx)))
             if cf.in_journal:
                 assert cf.fid is not None
                 await self.journal(self.journal.sync.drop_chunks_from, cf.fid, first_gone)

@@ -16,6 +16,7 @@ BYTES_UNVERIFIED = "bytes_unverified"
 READ_CHECKSUM_ERRORS = "read_checksum_errors"
 PARTS_UPLOADED = "parts_uploaded"
 PARTS_COPIED = "parts_copied"
+PARTS_SPILLED = "parts_spilled"
 OBJECTS_PUT = "objects_put"
 UPLOADS_COMPLETED = "uploads_completed"
 SERVER_SIDE_COPIES = "server_side_copies"
@@ -56,6 +57,8 @@ COUNTERS: dict[str, str] = {
                            "never served, cached or uploaded."),
     PARTS_UPLOADED: "Multipart parts uploaded (UploadPart).",
     PARTS_COPIED: "Parts reused server-side for unchanged ranges (UploadPartCopy).",
+    PARTS_SPILLED: ("Parts of files larger than the cache sent as objects of their own "
+                    "(PutObject), then copied into their upload at the commit."),
     OBJECTS_PUT: "Objects written with a single PutObject.",
     UPLOADS_COMPLETED: "Multipart uploads completed.",
     SERVER_SIDE_COPIES: "Whole objects copied server-side (rename, chmod).",

@@ -216,6 +216,10 @@ class MemoryObjectStore:
             self._upload(key, upload_id).parts[part_number] = (data, etag)
         return etag
 
+    def put_body(self, key: str, body: bytes | memoryview | BinaryIO,
+                 checksum: bool = False) -> str:
+        return self.put(key, body.read() if hasattr(body, "read") else bytes(body), {})
+
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
                          src_key: str, start: int, end: int) -> str:
         self._count("upload_part_copy")

@@ -78,7 +78,7 @@ async def assemble(config: MountConfig, engine: IoEngine, store: AsyncStore,
                          PartMap(config.part_size), metrics, max_dirty=config.max_dirty,
                          cache_size=config.cache_size, read_ahead=config.read_ahead,
                          open_files=open_files, on_uploaded=on_uploaded,
-                         hooks=config.test_hooks)
+                         hooks=config.test_hooks, prefix=config.prefix, writer=writer)
     dir_attrs = await open_dir_attrs(store, journal, writer, config.prefix)
     late = LateWrites(store, journal, metrics, writer)
     names = NameLog(store, journal, metrics, dir_attrs=dir_attrs, on_record=on_record,

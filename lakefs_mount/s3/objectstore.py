@@ -211,6 +211,11 @@ class ObjectStore(Protocol):
         else in a header, from a first pass over the body)."""
         ...
 
+    def put_body(self, key: str, body: bytes | memoryview | BinaryIO,
+                 checksum: bool = False) -> str:
+        """PutObject of a body sent as `upload_part` sends a part's; returns the ETag."""
+        ...
+
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,
                          src_key: str, start: int, end: int) -> str:
         """Copy bytes [start, end) of `src_key` as a part; returns the part's ETag."""

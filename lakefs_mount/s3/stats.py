@@ -36,6 +36,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 OPERATIONS = {
     "check_bucket": "HeadBucket", "head": "HeadObject", "get": "GetObject",
     "get_range": "GetObject", "get_range_into": "GetObject", "put": "PutObject",
+    "put_body": "PutObject",
     "list_dir": "ListObjectsV2", "delete": "DeleteObject", "delete_many": "DeleteObjects",
     "copy": "CopyObject", "create_multipart": "CreateMultipartUpload",
     "upload_part": "UploadPart", "upload_part_copy": "UploadPartCopy",

@@ -404,29 +404,49 @@ class S3ObjectStore:
     @retried
     def upload_part(self, key: str, upload_id: str, part_number: int,
                     body: bytes | memoryview | BinaryIO, checksum: bool = False) -> str:
-        query = {"partNumber": str(part_number), "uploadId": upload_id}
+        def by_botocore(data: object, extra: dict[str, str], size: int) -> dict[str, object]:
+            return self._botocore(self.timeouts.transfer(size)).upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
+                Body=data, **extra)
+
+        return self._put_body("UploadPart", key, body, checksum, by_botocore,
+                              {"partNumber": str(part_number), "uploadId": upload_id})
+
+    @retried
+    def put_body(self, key: str, body: bytes | memoryview | BinaryIO,
+                 checksum: bool = False) -> str:
+        def by_botocore(data: object, extra: dict[str, str], size: int) -> dict[str, object]:
+            return self._botocore(self.timeouts.transfer(size)).put_object(
+                Bucket=self.bucket, Key=key, Body=data, **extra)
+
+        return self._put_body("PutObject", key, body, checksum, by_botocore)
+
+    def _put_body(self, op: str, key: str, body: bytes | memoryview | BinaryIO,
+                  checksum: bool, by_botocore: Callable[[object, dict[str, str], int],
+                                                        dict[str, object]],
+                  query: dict[str, str] | None = None) -> str:
+        """A part's or object's body, sent by the lean path where it can (from a file
+        span or piece by piece), else by botocore (`by_botocore(data, extra args, size)`)."""
         piecewise = hasattr(body, "pieces") and self._lean.direct
         offers = piecewise and checksum and self.parts_from_file and hasattr(body, "file_span")
         span: FileSpan | None = body.file_span() if offers else None  # type: ignore[union-attr]
         if piecewise and checksum and self.trailing_checksums and span is None:
             trailed = TrailedBody(body)  # type: ignore[arg-type]
-            return self._lean_put("UploadPart", key, trailed.headers, trailed, query)
+            return self._lean_put(op, key, trailed.headers, trailed, query)
         crc = _crc_first(body) if checksum else None  # (the header goes before the body)
         if piecewise:
             # by the kernel from the span, or piece by piece as the body reads them: a
             # fraction of the CPU of botocore, which takes 16 KiB at a time, each sliced
             # from a copy
             headers = {} if crc is None else {CRC_HEADER: encode_crc(crc)}
-            return self._lean_put("UploadPart", key, headers, body,  # type: ignore[arg-type]
+            return self._lean_put(op, key, headers, body,  # type: ignore[arg-type]
                                   query, span)
         data = body if isinstance(body, bytes) or hasattr(body, "read") else bytes(body)
         size = len(data) if hasattr(data, "__len__") else 0  # (any file-like: base only)
         extra = {} if crc is None else {"ChecksumCRC32C": encode_crc(crc)}
-        with self._errors("UploadPart", key):
-            resp = self._botocore(self.timeouts.transfer(size)).upload_part(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part_number,
-                Body=data, **extra)
-        return strip_etag(resp.get("ETag"))
+        with self._errors(op, key):
+            resp = by_botocore(data, extra, size)
+        return strip_etag(resp.get("ETag"))  # type: ignore[arg-type]
 
     @retried
     def upload_part_copy(self, key: str, upload_id: str, part_number: int,

@@ -283,3 +283,50 @@ def test_a_cold_read_on_a_cache_disk_full_of_clean_chunks_evicts_for_itself(
             for key, data in objects.items():
                 assert (m.path / key).read_bytes() == data, key
         assert m.counters()["cache_evictions"] > 0
+
+
+@pytest.mark.parametrize("fuse_session", ["pyfuse3"], indirect=True)
+def test_one_file_three_times_the_cache_disk_is_written_whole_and_the_cache_stays_bounded(
+        mount_factory, s3):
+    """A 144 MiB file through a 48 MiB cache disk (--cache-size 32M): its full chunks go up
+    as spilled parts once the cache cannot hold them, are evicted, and the commit copies
+    them into the object (D30). Before, the uploaded parts of an open file stayed in the
+    cache until its commit: the writer got ENOSPC."""
+    data = random.randbytes(144 * MiB)
+    with _cache_on(mount_factory, "48m", "--cache-size", "32M", "--max-dirty", "16M") as m:
+        most = 0
+        with open(m.path / "big.bin", "wb") as f:
+            for at in range(0, len(data), 4 * MiB):
+                f.write(data[at:at + 4 * MiB])
+                most = max(most, m.status()["cache_used"])
+        assert m.flush().returncode == 0
+        assert s3.get("big.bin")[1] == data
+        assert most <= 32 * MiB + 16 * MiB  # the cache size and a margin of two parts
+        counters = m.counters()
+        assert counters["parts_spilled"] >= 6 and counters["parts_copied"] >= 6
+        with open(m.path / "big.bin", "rb") as f:  # (from S3: evicted long ago)
+            f.seek(100 * MiB)
+            assert f.read(MiB) == data[100 * MiB:101 * MiB]
+        assert [o.key for o in s3.list_recursive(".lakefs-mount/spill/")] == []
+
+
+@pytest.mark.parametrize("fuse_session", ["native"], indirect=True)
+def test_while_the_cache_is_short_a_new_writer_takes_the_daemon_path_and_its_parts_spill(
+        mount_factory, s3):
+    """A passthrough writer holds 40 MiB of a 32 MiB cache open (the daemon cannot evict
+    behind it); a file written meanwhile is not opened in passthrough, so its parts can
+    spill (D30), and both land whole."""
+    first, second = random.randbytes(40 * MiB), random.randbytes(64 * MiB)
+    with _cache_on(mount_factory, "256m", "--cache-size", "32M", "--max-dirty", "8M") as m:
+        with open(m.path / "first.bin", "wb") as f:
+            f.write(first)
+            f.flush()
+            opened = m.counters().get("passthrough_opens", 0)
+            assert opened == 1
+            (m.path / "second.bin").write_bytes(second)
+            counters = m.counters()
+            assert counters.get("passthrough_opens", 0) == opened  # the daemon path
+            assert counters["parts_spilled"] >= 3
+        assert m.flush().returncode == 0
+        assert s3.get("first.bin")[1] == first and s3.get("second.bin")[1] == second
+        assert [o.key for o in s3.list_recursive(".lakefs-mount/spill/")] == []
