@@ -17,7 +17,6 @@ parts spilled and copied; checks every object's bytes in S3 against what was wri
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import os
 import shutil
@@ -35,9 +34,10 @@ from benchmarks.targets import (
     LakefsTarget,
     clean_up_on_sigterm,
     create_warm_bucket,
-    delete_bucket,
     start_embedded_s3,
+    tear_down,
     use_bench_credentials,
+    wind_down,
 )
 
 WRITE = 4 * MiB
@@ -208,18 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: stall x local median {statistics.median(stalls[name]):.2f}, "
                   f"durable x raw upload median {statistics.median(durables[name]):.2f}",
                   flush=True)
-        for note in notes:
-            print(f"note: {note}")
-        for target in mounts.values():
-            target.stop()
-        mounts = {}
-        delete_bucket(client, bucket)
+        wind_down(mounts, client, bucket, notes)
     finally:
-        for target in mounts.values():
-            with contextlib.suppress(Exception):
-                target.kill()
-        server.stop(timeout=5)
-        shutil.rmtree(work, ignore_errors=True)
+        tear_down(mounts, server, work)
     return 0
 
 

