@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             target.start()
             mounts[session] = target
         config = TransferConfig(multipart_threshold=RAW_PART, multipart_chunksize=RAW_PART,
-                                max_concurrency=RAW_CONCURRENCY)
+                                max_concurrency=max(1, RAW_CONCURRENCY // nfiles))
         stalls: dict[str, list[float]] = {n: [] for n in mounts}
         durables: dict[str, list[float]] = {n: [] for n in mounts}
         print(f"{server.profile}; {nfiles} file(s) of {size / MiB:.0f} MiB; cache "
