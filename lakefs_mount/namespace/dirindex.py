@@ -179,7 +179,9 @@ class DirIndex:
                         await self._write(dir_key)
                         done.add(dir_key)
                     except (ObjectStoreError, OSError) as exc:
-                        log.warning("attribute index of %s not written: %s", dir_key, exc)
+                        log.warning("attribute index of %s not written: %s (written again "
+                                    "later)", dir_key, exc)
+                        self.store.metrics[m.RETRIES] += 1  # (as the namespace log counts)
             self._changed |= todo - done
             return done == todo
 
