@@ -74,7 +74,8 @@ def _ctrl_c_as_it_was(request: pytest.FixtureRequest) -> Iterator[None]:
     workers' later children then inherit that through exec, and Python installs no
     KeyboardInterrupt in them: `status --watch` ran on past its Ctrl-C in CI (stop 56).
     Every test starts and ends with Python's own handler; one that finds another says
-    which test ran before it (CI of b4109d5 saw two Ctrl-C tests fail as if ignored)."""
+    which test ran before it. (A suite started as a background job of a non-interactive
+    shell starts with SIGINT ignored in every worker: two Ctrl-C tests failed so.)"""
     found = signal.getsignal(signal.SIGINT)
     if found is not signal.default_int_handler:
         warnings.warn(f"SIGINT was {found!r} at the start of {request.node.nodeid}, after "
